@@ -1,0 +1,52 @@
+"""The Slurm cluster a pipeline runs on: the site's settings, saved once as a Prefect block.
+
+The spec says what a workload needs (nodes, devices, time); this block says how this site
+grants it (partition, account, container runtime, setup lines).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from prefect.blocks.core import Block
+from pydantic import Field
+
+
+class SlurmCluster(Block):
+    _block_type_name = "Slurm Cluster"
+    _block_type_slug = "slurm-cluster"
+    _description = "Where and how pretrain-pipeline submits Slurm jobs."
+
+    executor: Literal["auto", "slurm", "local"] = Field(
+        "auto",
+        description="'slurm' submits with sbatch; 'local' runs jobs as processes on this host; "
+        "'auto' uses Slurm when a controller answers, else local.",
+    )
+    partition: str | None = Field(None, description="Slurm partition (sbatch --partition).")
+    account: str | None = Field(None, description="sbatch --account.")
+    qos: str | None = Field(None, description="sbatch --qos.")
+    exclusive: bool = Field(False, description="Whole nodes (sbatch --exclusive); Trainium jobs need it.")
+    gres: str | None = Field(None, description="Generic resources, e.g. 'gpu:8' or a site's Neuron GRES.")
+    nodelist: list[str] = Field(default_factory=list, description="Run only on these nodes.")
+    exclude: list[str] = Field(default_factory=list, description="Never run on these nodes.")
+    container_image: str | None = Field(
+        None, description="pyxis/enroot image for srun --container-image (Megatron-LM on GPUs)."
+    )
+    container_mounts: list[str] = Field(
+        default_factory=list, description="pyxis mounts, 'SRC:DST' each (srun --container-mounts)."
+    )
+    setup: list[str] = Field(
+        default_factory=list,
+        description="Shell lines run in the batch script before srun (module load, venv activate).",
+    )
+    python: str | None = Field(
+        None, description="Python on the compute nodes; defaults to the interpreter of the flow."
+    )
+    sbatch_options: dict[str, str | int | bool] = Field(
+        default_factory=dict, description="Any further sbatch option, e.g. {'constraint': 'trn1'}."
+    )
+    job_folder: str | None = Field(
+        None,
+        description="Shared-filesystem directory for job scripts and logs; defaults to "
+        "<paths.root>/jobs of the spec.",
+    )

@@ -1,0 +1,86 @@
+"""`make demo`: the pretrain flow on the tiny-local preset, with everything it needs set up here.
+
+The corpus is built from text on this machine and served by the local S3 server; the flow
+runs on the ephemeral Prefect API, on the local Slurm cluster when Slurm is installed here,
+else with submitit's local executor.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import boto3
+import zstandard
+
+from deployments import stack
+from pretrain.corpus import write_jsonl
+
+BUCKET = "pretrain-demo"
+CREDENTIALS_BLOCK = "local-s3"
+
+
+def seed_corpus(endpoint: str) -> None:
+    """Two shards under s3://pretrain-demo/corpus/, one zstd-compressed like real dumps."""
+    s3 = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1",
+                      aws_access_key_id="demo", aws_secret_access_key="demo")
+    if BUCKET not in {b["Name"] for b in s3.list_buckets()["Buckets"]}:
+        s3.create_bucket(Bucket=BUCKET)
+    with tempfile.TemporaryDirectory() as tmp:
+        corpus = Path(tmp) / "corpus.jsonl"
+        write_jsonl(corpus)
+        lines = corpus.read_bytes().splitlines(keepends=True)
+    half = len(lines) // 2
+    s3.put_object(Bucket=BUCKET, Key="corpus/part-00000.jsonl", Body=b"".join(lines[:half]))
+    s3.put_object(Bucket=BUCKET, Key="corpus/part-00001.jsonl.zst",
+                  Body=zstandard.ZstdCompressor().compress(b"".join(lines[half:])))
+
+
+def save_credentials_block(endpoint: str) -> None:
+    from prefect_aws import AwsClientParameters, AwsCredentials
+
+    AwsCredentials(
+        aws_access_key_id="demo", aws_secret_access_key="demo", region_name="us-east-1",
+        aws_client_parameters=AwsClientParameters(endpoint_url=endpoint),
+    ).save(CREDENTIALS_BLOCK, overwrite=True)
+
+
+def show_artifacts(flow_run_id) -> None:
+    from prefect import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId
+
+    with get_client(sync_client=True) as client:
+        artifacts = client.read_artifacts(
+            artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run_id])))
+    for artifact in artifacts:
+        print(f"\nartifact {artifact.key} ({artifact.type}): {artifact.description}")
+        data = json.loads(artifact.data) if artifact.type == "table" else artifact.data
+        if isinstance(data, list) and data:
+            columns = list(data[0])
+            print("  " + " | ".join(columns))
+            for row in data:
+                print("  " + " | ".join(str(row[c]) for c in columns))
+        else:
+            print(f"  {data}")
+
+
+def main() -> int:
+    components = ["s3"]
+    if os.geteuid() == 0 and shutil.which("slurmctld"):
+        components.insert(0, "slurm")
+    stack.up(components=tuple(components))
+    endpoint = stack.environment()["PRETRAIN_S3_ENDPOINT"]
+    if "slurm" in components:
+        os.environ["SLURM_CONF"] = stack.environment()["SLURM_CONF"]
+    seed_corpus(endpoint)
+    save_credentials_block(endpoint)
+
+    from flows.pretrain import pretrain
+
+    state = pretrain(preset="tiny-local", return_state=True)
+    show_artifacts(state.state_details.flow_run_id)
+    print(f"\npretrain flow: {state.name}; outputs: {state.result(raise_on_failure=False)}")
+    return 0 if state.is_completed() else 1

@@ -1,0 +1,20 @@
+"""The `pretrain` flow: the runbook from raw data to a trained model, one task per stage.
+
+1. fetch: every data source of the spec to a content-addressed directory on the shared disk.
+"""
+
+from __future__ import annotations
+
+from prefect import flow
+
+from pretrain.presets import load_spec
+from tasks.fetch import fetch
+
+
+@flow(name="pretrain", log_prints=True)
+def pretrain(preset: str = "tiny-local", overrides: list[str] | None = None) -> dict[str, str]:
+    """Run the pipeline for ``preset`` (a preset name or a spec file), with ``key=value``
+    overrides such as ``training.train_steps=100``."""
+    spec = load_spec(preset, overrides or [])
+    data_dir = fetch(spec)
+    return {"fetch": data_dir}

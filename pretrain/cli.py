@@ -1,0 +1,89 @@
+"""`pretrain`: the command line of pretrain-pipeline.
+
+    pretrain presets                                 list the presets
+    pretrain validate PRESET_OR_FILE [--set k=v]...  validate and print the resolved spec
+    pretrain run PRESET_OR_FILE [--set k=v]...       run the pretrain flow
+    pretrain stack up|down|status|reset|env          the local Slurm + S3 + Prefect stack
+    pretrain demo                                    the whole pipeline on tiny-local, set up here
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+import yaml
+
+
+def _presets(_: argparse.Namespace) -> int:
+    from pretrain.presets import list_presets, load_spec
+
+    for name in list_presets():
+        spec = load_spec(name)
+        print(f"{name:24} {spec.backend.kind:12} {spec.model.family:6} "
+              f"{spec.cluster.nodes} x {spec.cluster.devices_per_node} devices")
+    return 0
+
+
+def _validate(args: argparse.Namespace) -> int:
+    from pretrain.presets import SpecError, load_spec
+
+    try:
+        spec = load_spec(args.spec, args.set)
+    except SpecError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(yaml.safe_dump(json.loads(spec.model_dump_json()), sort_keys=False), end="")
+    return 0
+
+
+def _run(args: argparse.Namespace) -> int:
+    from pretrain.presets import SpecError, load_spec
+
+    try:
+        load_spec(args.spec, args.set)  # fail before Prefect starts, with the field named
+    except SpecError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    from flows.pretrain import pretrain
+
+    result = pretrain(preset=args.spec, overrides=args.set)
+    print(json.dumps(result, indent=2))
+    return 0
+
+
+def _stack(args: argparse.Namespace) -> int:
+    from deployments import stack
+
+    return stack.main(args.rest)
+
+
+def _demo(_: argparse.Namespace) -> int:
+    from deployments.demo import main
+
+    return main()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="pretrain", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("presets", help="list the presets").set_defaults(fn=_presets)
+    for name, fn, text in (("validate", _validate, "validate and print the resolved spec"),
+                           ("run", _run, "run the pretrain flow")):
+        p = sub.add_parser(name, help=text)
+        p.add_argument("spec", help="a preset name or a spec YAML file")
+        p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                       help="override a field, e.g. --set parallel.tp=8 (repeatable)")
+        p.set_defaults(fn=fn)
+    p = sub.add_parser("stack", help="the local Slurm + S3 + Prefect stack", add_help=False)
+    p.add_argument("rest", nargs=argparse.REMAINDER)
+    p.set_defaults(fn=_stack)
+    sub.add_parser("demo", help="run the pipeline on tiny-local, end to end").set_defaults(fn=_demo)
+    args = parser.parse_args(argv)
+    return args.fn(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

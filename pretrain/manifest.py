@@ -1,0 +1,126 @@
+"""Content-addressed stage outputs: staged in a temporary directory, renamed into place, and
+considered done only when their MANIFEST.json validates.
+
+A cache hit is a manifest that validates against the files beside it, never a database row,
+so a deleted or truncated output is rebuilt instead of being served stale.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+MANIFEST = "MANIFEST.json"
+_CHUNK = 8 << 20
+
+
+def stable_hash(value: Any) -> str:
+    """sha256 of the canonical JSON of ``value``: the same inputs always give the same key."""
+    blob = json.dumps(value, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(_CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def code_version() -> str:
+    """The git commit of the code that produced an output, or the package version outside git."""
+    here = Path(__file__).resolve().parent
+    try:
+        sha = subprocess.run(
+            ["git", "-C", str(here), "rev-parse", "HEAD"],
+            capture_output=True, text=True, timeout=10, check=True,
+        ).stdout.strip()
+        return f"git:{sha}"
+    except (OSError, subprocess.SubprocessError):
+        from importlib.metadata import version
+
+        return f"pretrain-pipeline=={version('pretrain-pipeline')}"
+
+
+def output_dir(root: str | Path, stage: str, key: str) -> Path:
+    """``<root>/<stage>/<stage>-<key[:16]>``: readable, and distinct for distinct keys."""
+    return Path(root).expanduser() / stage / f"{stage}-{key[:16]}"
+
+
+def describe_files(directory: Path) -> dict[str, dict[str, Any]]:
+    """Size and sha256 of every file under ``directory`` except the manifest itself."""
+    files = {}
+    for path in sorted(p for p in directory.rglob("*") if p.is_file()):
+        rel = path.relative_to(directory).as_posix()
+        if rel != MANIFEST:
+            files[rel] = {"bytes": path.stat().st_size, "sha256": file_sha256(path)}
+    return files
+
+
+def write_manifest(directory: Path, stage: str, key: str, **fields: Any) -> dict[str, Any]:
+    """Describe every file in ``directory`` and write the manifest last, atomically."""
+    manifest = {
+        "stage": stage,
+        "key": key,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "code_version": code_version(),
+        "files": describe_files(directory),
+        **fields,
+    }
+    tmp = directory / f".{MANIFEST}.tmp"
+    tmp.write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+    os.replace(tmp, directory / MANIFEST)
+    return manifest
+
+
+def load_valid(directory: Path, key: str, deep: bool = False) -> dict[str, Any] | None:
+    """The manifest of ``directory`` if it is complete for ``key``, else None.
+
+    Sizes are always checked; ``deep`` re-hashes every file.
+    """
+    try:
+        manifest = json.loads((directory / MANIFEST).read_text())
+    except (OSError, ValueError):
+        return None
+    if manifest.get("key") != key:
+        return None
+    for rel, meta in manifest.get("files", {}).items():
+        path = directory / rel
+        if not path.is_file() or path.stat().st_size != meta["bytes"]:
+            return None
+        if deep and file_sha256(path) != meta["sha256"]:
+            return None
+    return manifest
+
+
+def staging_dir(final: Path) -> Path:
+    """Where an output is built before it is renamed to ``final``; kept across retries so
+    an interrupted stage can resume."""
+    return final.with_name(f".{final.name}.partial")
+
+
+@contextmanager
+def staged_output(final: Path) -> Iterator[Path]:
+    """Yield the staging directory; on success rename it to ``final``.
+
+    On failure the staging directory stays for a resumed attempt and ``final`` is untouched,
+    so nothing half-written ever looks complete.
+    """
+    staging = staging_dir(final)
+    staging.mkdir(parents=True, exist_ok=True)
+    yield staging
+    if not (staging / MANIFEST).is_file():
+        raise RuntimeError(f"{staging}: stage finished without writing {MANIFEST}")
+    if final.exists():
+        # An output left by an older code version or a concurrent run: replace it whole.
+        shutil.rmtree(final)
+    os.replace(staging, final)

@@ -1,0 +1,332 @@
+"""PretrainSpec: the one description of a pretraining run that every stage is rendered from.
+
+Conversion flags, NxDT YAML, Megatron-LM arguments and sbatch scripts all come from this one
+object, so they cannot disagree. Validation rejects the runbooks' known traps before anything is
+queued, each with a message that names the field and the fix.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+
+class Strict(BaseModel):
+    """A typo'd field is an error that names it, not a silently ignored key."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+class DataSource(Strict):
+    uri: str = Field(description="s3://bucket/key, s3://bucket/prefix/, https://... or a local path.")
+    credentials: str | None = Field(
+        None, description="Name of a prefect-aws AwsCredentials block; none means anonymous "
+        "access (public buckets such as s3://neuron-s3).")
+    endpoint_url: str | None = Field(None, description="S3-compatible endpoint, overriding the block's.")
+    decompress: bool = Field(False, description="Unpack .xz/.gz/.zst/.bz2 files after download.")
+    sha256: str | None = Field(None, description="Expected sha256 of a single-file source.")
+
+
+class DataSpec(Strict):
+    sources: list[DataSource] = Field(min_length=1, description="Raw data: JSONL corpora, or "
+                                      "already tokenized .bin/.idx files.")
+    json_keys: list[str] = Field(["text"], description="JSON keys holding the text (Megatron --json-keys).")
+    split: str = Field("969,30,1", description="train,valid,test weights, Megatron style.")
+
+    @field_validator("split")
+    @classmethod
+    def _split_is_three_weights(cls, value: str) -> str:
+        parts = value.split(",")
+        if len(parts) != 3 or not all(p.strip().replace(".", "", 1).isdigit() for p in parts):
+            raise ValueError(f"data.split={value!r}: give three non-negative weights, e.g. '969,30,1'")
+        if sum(float(p) for p in parts) <= 0:
+            raise ValueError(f"data.split={value!r}: the weights must not all be zero")
+        return value
+
+    @property
+    def split_weights(self) -> tuple[float, float, float]:
+        train, valid, test = (float(p) for p in self.split.split(","))
+        return train, valid, test
+
+
+class TokenizerSpec(Strict):
+    type: Literal["gpt2-bpe", "hf", "sentencepiece"] = Field(
+        description="gpt2-bpe: vocab.json + merges.txt (Megatron GPT2BPETokenizer); hf: a "
+        "directory with tokenizer.json (e.g. Llama 3); sentencepiece: a .model file.")
+    path: str | None = Field(None, description="hf directory or sentencepiece .model (path or URI).")
+    vocab_file: str | None = Field(None, description="gpt2-bpe vocab.json (path or URI).")
+    merges_file: str | None = Field(None, description="gpt2-bpe merges.txt (path or URI).")
+    append_eod: bool = Field(True, description="Append the end-of-document token (Megatron --append-eod).")
+
+    @model_validator(mode="after")
+    def _files_for_type(self) -> TokenizerSpec:
+        if self.type == "gpt2-bpe" and not (self.vocab_file and self.merges_file):
+            raise ValueError("tokenizer.vocab_file and tokenizer.merges_file are required for "
+                             "tokenizer.type=gpt2-bpe")
+        if self.type != "gpt2-bpe" and not self.path:
+            raise ValueError(f"tokenizer.path is required for tokenizer.type={self.type}")
+        return self
+
+
+class RopeScaling(Strict):
+    """Llama 3.1's frequency-dependent RoPE scaling."""
+
+    rope_type: Literal["llama3"] = "llama3"
+    factor: float = 8.0
+    low_freq_factor: float = 1.0
+    high_freq_factor: float = 4.0
+    original_max_position_embeddings: int = 8192
+
+
+# Megatron-LM paper (arXiv 2104.04473, Table 1): GPT-3 style sizes (layers, hidden, heads).
+GPT_SIZES: dict[str, tuple[int, int, int]] = {
+    "1.7B": (24, 2304, 24), "3.6B": (30, 3072, 32), "7.5B": (36, 4096, 32),
+    "18.4B": (40, 6144, 48), "39.1B": (48, 8192, 64), "76.1B": (60, 10240, 80),
+    "145.6B": (80, 12288, 96), "310.1B": (96, 16384, 128),
+}
+
+
+class ModelSpec(Strict):
+    family: Literal["llama", "gpt"]
+    size: str | None = Field(None, description=f"A GPT size from the Megatron-LM table "
+                             f"({', '.join(GPT_SIZES)}); fills layers, hidden and heads.")
+    num_layers: int = Field(gt=0)
+    hidden_size: int = Field(gt=0)
+    num_attention_heads: int = Field(gt=0)
+    num_kv_heads: int | None = Field(None, gt=0, description="Grouped-query attention KV heads; default: heads.")
+    ffn_hidden_size: int = Field(gt=0)
+    vocab_size: int = Field(gt=0)
+    seq_length: int = Field(gt=0)
+    max_position_embeddings: int = Field(gt=0)
+    rope_theta: float | None = Field(None, description="RoPE base (Llama).")
+    rope_scaling: RopeScaling | None = Field(None, description="Llama 3.1 rope scaling.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _expand_size(cls, data: dict) -> dict:
+        size = data.get("size") if isinstance(data, dict) else None
+        if size is None:
+            return data
+        if size not in GPT_SIZES:
+            raise ValueError(f"model.size={size!r}: choose one of {', '.join(GPT_SIZES)}")
+        layers, hidden, heads = GPT_SIZES[size]
+        # The size fills the shape; a field given explicitly next to it wins, so presets can
+        # still say exactly what the runbook says.
+        return {"num_layers": layers, "hidden_size": hidden, "num_attention_heads": heads,
+                "ffn_hidden_size": 4 * hidden, **data}
+
+    @model_validator(mode="after")
+    def _shape(self) -> ModelSpec:
+        if self.hidden_size % self.num_attention_heads:
+            raise ValueError(f"model.hidden_size={self.hidden_size} is not divisible by "
+                             f"model.num_attention_heads={self.num_attention_heads}")
+        if self.num_attention_heads % self.kv_heads:
+            raise ValueError(f"model.num_kv_heads={self.kv_heads} must divide "
+                             f"model.num_attention_heads={self.num_attention_heads}")
+        if self.seq_length > self.max_position_embeddings:
+            raise ValueError(f"model.seq_length={self.seq_length} exceeds "
+                             f"model.max_position_embeddings={self.max_position_embeddings}")
+        if self.family == "gpt" and (self.rope_scaling or self.rope_theta):
+            raise ValueError("model.rope_theta/rope_scaling apply to family=llama only "
+                             "(GPT uses learned absolute positions)")
+        return self
+
+    @property
+    def kv_heads(self) -> int:
+        return self.num_kv_heads or self.num_attention_heads
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_attention_heads
+
+
+class ParallelSpec(Strict):
+    tp: int = Field(1, gt=0, description="Tensor parallel size.")
+    pp: int = Field(1, gt=0, description="Pipeline parallel size.")
+    cp: int = Field(1, gt=0, description="Context parallel size (ring attention).")
+    zero1: bool = Field(True, description="Shard optimizer state over data parallel ranks.")
+    sequence_parallel: bool = Field(False, description="Megatron/NxD sequence parallelism.")
+    kv_replicator: int = Field(1, gt=0, description="KV-head replication factor (NxD kv_size_multiplier).")
+    pipeline_cuts: list[str] = Field(default_factory=list, description="Explicit pipeline cut "
+                                     "points, e.g. model.layers.18; empty = even split.")
+
+
+class TrainingSpec(Strict):
+    train_steps: int | None = Field(None, gt=0, description="Optimizer steps; exclusive with train_samples.")
+    train_samples: int | None = Field(None, gt=0, description="Samples; exclusive with train_steps.")
+    micro_batch_size: int = Field(1, gt=0)
+    global_batch_size: int = Field(gt=0)
+    lr: float = Field(gt=0)
+    min_lr: float = Field(0.0, ge=0)
+    warmup_steps: int = Field(0, ge=0)
+    lr_decay_style: Literal["cosine", "linear", "constant"] = "cosine"
+    weight_decay: float = Field(0.1, ge=0)
+    adam_betas: tuple[float, float] = (0.9, 0.95)
+    grad_clip: float = Field(1.0, ge=0)
+    checkpoint_interval: int = Field(1000, gt=0, description="Steps between checkpoints.")
+    eval_interval: int = Field(1000, gt=0, description="Steps between validation runs.")
+    eval_iters: int = Field(10, ge=0, description="Validation batches per run; 0 disables evaluation.")
+    seed: int = 1234
+    precision: Literal["bf16", "fp32", "mixed_precision"] = "bf16"
+    benchmark: bool = Field(False, description="Fixed steps, no evaluation: the nightly benchmark mode.")
+
+    @model_validator(mode="after")
+    def _steps_xor_samples(self) -> TrainingSpec:
+        if self.train_steps and self.train_samples:
+            raise ValueError("training.train_steps and training.train_samples are both set: keep one "
+                             "(set the other to null)")
+        if not (self.train_steps or self.train_samples):
+            raise ValueError("set training.train_steps or training.train_samples")
+        if self.min_lr > self.lr:
+            raise ValueError(f"training.min_lr={self.min_lr} is above training.lr={self.lr}")
+        return self
+
+
+class NeuronSpec(Strict):
+    instance_type: Literal["trn1", "trn2"] = Field(description="trn1.32xlarge or trn2.48xlarge.")
+    lnc: int | None = Field(None, description="Logical NeuronCore size: trn2 defaults to 2, trn1 is 1.")
+    compiler_flags: str = "--model-type transformer"
+
+    @model_validator(mode="after")
+    def _lnc(self) -> NeuronSpec:
+        if self.lnc is None:
+            self.lnc = 2 if self.instance_type == "trn2" else 1
+        if self.instance_type == "trn1" and self.lnc != 1:
+            raise ValueError(f"backend.neuron.lnc={self.lnc}: trn1 has no logical NeuronCores; use 1")
+        if self.lnc not in (1, 2):
+            raise ValueError(f"backend.neuron.lnc={self.lnc}: choose 1 or 2")
+        return self
+
+
+class MegatronLMSpec(Strict):
+    container_image: str | None = Field(None, description="pyxis/enroot image with Megatron-LM.")
+    container_mounts: list[str] = Field(default_factory=list, description="'SRC:DST' mounts.")
+
+
+class BackendSpec(Strict):
+    kind: Literal["native", "neuron", "megatron-lm"] = "native"
+    neuron: NeuronSpec | None = None
+    megatron_lm: MegatronLMSpec | None = None
+
+    @model_validator(mode="after")
+    def _settings_for_kind(self) -> BackendSpec:
+        if self.kind == "neuron" and self.neuron is None:
+            raise ValueError("backend.neuron is required for backend.kind=neuron "
+                             "(at least backend.neuron.instance_type: trn1 or trn2)")
+        return self
+
+
+class ClusterSpec(Strict):
+    block: str | None = Field(None, description="Name of a SlurmCluster block with the site's settings.")
+    executor: Literal["auto", "slurm", "local"] = Field(
+        "auto", description="Overrides the block: slurm, local processes, or auto-detect.")
+    nodes: int = Field(1, gt=0)
+    devices_per_node: int = Field(1, gt=0, description="Ranks per node: GPUs, (logical) NeuronCores, "
+                                  "or CPU processes.")
+    cpus_per_task: int | None = Field(None, gt=0)
+    mem_gb: float | None = Field(None, gt=0)
+    time_limit_min: int = Field(gt=0, description="Slurm time limit of the training job, in minutes.")
+
+
+def _default_root() -> str:
+    return os.environ.get("PRETRAIN_ROOT", "~/.pretrain/data")
+
+
+class PathsSpec(Strict):
+    root: str = Field(default_factory=_default_root, description="Shared-filesystem root for every "
+                      "stage's content-addressed output (default $PRETRAIN_ROOT or ~/.pretrain/data).")
+
+    @field_validator("root")
+    @classmethod
+    def _expand(cls, value: str) -> str:
+        return os.path.expanduser(os.path.expandvars(value))
+
+
+class PretrainSpec(Strict):
+    name: str = Field(description="Run name; artifact keys and output names derive from it.")
+    description: str = ""
+    data: DataSpec
+    tokenizer: TokenizerSpec
+    model: ModelSpec
+    parallel: ParallelSpec = ParallelSpec()
+    training: TrainingSpec
+    cluster: ClusterSpec
+    backend: BackendSpec = BackendSpec()
+    paths: PathsSpec = Field(default_factory=PathsSpec)
+
+    @property
+    def world_size(self) -> int:
+        return self.cluster.nodes * self.cluster.devices_per_node
+
+    @property
+    def model_parallel_size(self) -> int:
+        return self.parallel.tp * self.parallel.pp * self.parallel.cp
+
+    @property
+    def dp(self) -> int:
+        return self.world_size // self.model_parallel_size
+
+    @property
+    def grad_accumulation(self) -> int:
+        return self.training.global_batch_size // (self.training.micro_batch_size * self.dp)
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.training.global_batch_size * self.model.seq_length
+
+    @model_validator(mode="after")
+    def _runbook_traps(self) -> PretrainSpec:
+        p, m, t = self.parallel, self.model, self.training
+        if m.num_attention_heads % p.tp:
+            divisors = [d for d in range(1, m.num_attention_heads + 1) if m.num_attention_heads % d == 0]
+            raise ValueError(f"parallel.tp={p.tp} does not divide model.num_attention_heads="
+                             f"{m.num_attention_heads}: choose tp in {divisors}")
+        self._check_kv_heads()
+        if self.world_size % self.model_parallel_size:
+            raise ValueError(
+                f"world size cluster.nodes x cluster.devices_per_node = {self.cluster.nodes} x "
+                f"{self.cluster.devices_per_node} = {self.world_size} is not a multiple of "
+                f"parallel.tp x parallel.pp x parallel.cp = {p.tp} x {p.pp} x {p.cp} = "
+                f"{self.model_parallel_size}: change the node count or the parallel sizes")
+        if t.global_batch_size % (t.micro_batch_size * self.dp):
+            raise ValueError(
+                f"training.global_batch_size={t.global_batch_size} is not divisible by "
+                f"training.micro_batch_size x dp = {t.micro_batch_size} x {self.dp}: use a multiple "
+                f"of {t.micro_batch_size * self.dp}")
+        if not p.pipeline_cuts and m.num_layers % p.pp:
+            raise ValueError(f"model.num_layers={m.num_layers} is not divisible by parallel.pp={p.pp}: "
+                             "change pp or give parallel.pipeline_cuts")
+        if p.pipeline_cuts and len(p.pipeline_cuts) != p.pp - 1:
+            raise ValueError(f"parallel.pipeline_cuts has {len(p.pipeline_cuts)} cuts; parallel.pp="
+                             f"{p.pp} needs {p.pp - 1}")
+        if p.cp > 1 and m.seq_length % (2 * p.cp):
+            raise ValueError(f"model.seq_length={m.seq_length} must be divisible by 2 x parallel.cp="
+                             f"{2 * p.cp} (ring attention splits each sequence into 2 x cp chunks)")
+        _, valid, _ = self.data.split_weights
+        if t.eval_iters > 0 and not t.benchmark and valid == 0:
+            raise ValueError(f"training.eval_iters={t.eval_iters} with data.split={self.data.split!r} "
+                             "has no validation data (Megatron fails with an AssertionError): set "
+                             "training.eval_iters=0 or give the split a validation weight")
+        return self
+
+    def _check_kv_heads(self) -> None:
+        p, kv = self.parallel, self.model.kv_heads
+        if self.backend.kind == "neuron":
+            # NxD GQAQKVColumnParallelLinear (reference/nxdt.md §1.6)
+            if p.tp % p.kv_replicator:
+                raise ValueError(f"parallel.kv_replicator={p.kv_replicator} must divide parallel.tp={p.tp}")
+            if (kv * p.kv_replicator) % p.tp:
+                need = [r for r in range(1, p.tp + 1) if p.tp % r == 0 and (kv * r) % p.tp == 0]
+                raise ValueError(
+                    f"model.num_kv_heads={kv} x parallel.kv_replicator={p.kv_replicator} is not "
+                    f"divisible by parallel.tp={p.tp}: set parallel.kv_replicator to one of {need}"
+                    if need else f"model.num_kv_heads={kv} cannot be spread over parallel.tp={p.tp}")
+        else:
+            if p.kv_replicator != 1:
+                raise ValueError("parallel.kv_replicator is an NxD setting; set it to 1 for "
+                                 f"backend.kind={self.backend.kind}")
+            if kv % p.tp:
+                raise ValueError(f"model.num_kv_heads={kv} is not divisible by parallel.tp={p.tp}: "
+                                 "each tensor-parallel rank needs whole KV heads")

@@ -1,0 +1,158 @@
+"""fetch: bring every source of the spec to a content-addressed directory on the shared disk.
+
+Runs on the control plane (it is I/O, not compute). The output key is built from what the
+sources are — URIs, ETags, sizes — and how they are unpacked, so a second run with unchanged
+sources lists them, finds a valid MANIFEST.json and downloads nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import boto3
+from botocore import UNSIGNED
+from botocore.config import Config
+from prefect import task
+from prefect.artifacts import create_table_artifact
+from prefect.logging import get_run_logger
+from prefect.tasks import exponential_backoff
+
+from pretrain import manifest
+from pretrain.spec import DataSource, PretrainSpec
+from pretrain.transfer import (
+    FetchError, HttpReader, LocalReader, RemoteObject, S3Reader, decompress, decompressed_name,
+    download,
+)
+from tasks.artifacts import artifact_key
+
+FETCH_FORMAT = 1  # bump when the layout of fetch outputs changes
+FILE_WORKERS = 4
+STATE_DIR = ".fetch-state"
+
+
+def _s3_client_config() -> dict[str, Any]:
+    # Bounded retries with backoff, then a clear error (unreachable endpoints must not hang).
+    return {"retries": {"max_attempts": 4, "mode": "standard"}, "connect_timeout": 5,
+            "read_timeout": 60}
+
+
+def reader_for(source: DataSource) -> S3Reader | HttpReader | LocalReader:
+    """A reader with the source's credentials: a prefect-aws AwsCredentials block, or none."""
+    if source.uri.startswith("s3://"):
+        if source.credentials:
+            from prefect_aws import AwsCredentials
+
+            creds = AwsCredentials.load(source.credentials)
+            endpoint = source.endpoint_url or creds.aws_client_parameters.endpoint_url
+            client = creds.get_boto3_session().client(
+                "s3", endpoint_url=endpoint, config=Config(**_s3_client_config()))
+            return S3Reader(client, f"credentials block {source.credentials!r}")
+        client = boto3.session.Session().client(
+            "s3", endpoint_url=source.endpoint_url, region_name="us-east-1",
+            config=Config(signature_version=UNSIGNED, **_s3_client_config()))
+        return S3Reader(client, "anonymous access")
+    if source.uri.startswith(("http://", "https://")):
+        return HttpReader()
+    return LocalReader()
+
+
+def fetch_key(listing: list[tuple[DataSource, list[RemoteObject]]]) -> str:
+    return manifest.stable_hash({
+        "format": FETCH_FORMAT,
+        "sources": [
+            {"uri": src.uri, "decompress": src.decompress, "sha256": src.sha256,
+             "objects": [(o.uri, o.name, o.size, o.etag) for o in objects]}
+            for src, objects in listing
+        ],
+    })
+
+
+def _output_name(source: DataSource, obj: RemoteObject) -> str:
+    return (decompressed_name(obj.name) if source.decompress else None) or obj.name
+
+
+def _fetch_one(reader, source: DataSource, obj: RemoteObject, staging: Path) -> dict[str, Any]:
+    """Download (and unpack) one object into ``staging``, unless an earlier attempt finished it."""
+    record_path = staging / STATE_DIR / f"{obj.name}.json"
+    output = staging / _output_name(source, obj)
+    if record_path.exists() and output.exists():
+        return {**json.loads(record_path.read_text()), "bytes_transferred": 0, "resumed": True}
+    result = download(reader, obj, staging / obj.name, expected_sha256=source.sha256)
+    if output.name != obj.name:
+        decompress(staging / obj.name)
+    record = {"file": output.name, "source": obj.uri, "etag": obj.etag, "bytes": obj.size,
+              "output_bytes": output.stat().st_size, "seconds": round(result.seconds, 3)}
+    record_path.parent.mkdir(parents=True, exist_ok=True)
+    record_path.write_text(json.dumps(record))
+    return {**record, "bytes_transferred": result.bytes_transferred, "resumed": False}
+
+
+def _retryable(task, task_run, state) -> bool:
+    exc = state.result(raise_on_failure=False)
+    return getattr(exc, "retryable", True)
+
+
+@task(name="fetch", retries=3, retry_delay_seconds=exponential_backoff(backoff_factor=5),
+      retry_condition_fn=_retryable)
+def fetch(spec: PretrainSpec) -> str:
+    """Fetch ``spec.data.sources``; return the output directory."""
+    logger = get_run_logger()
+    listing = []
+    for source in spec.data.sources:
+        reader = reader_for(source)
+        listing.append((source, reader, reader.list(source.uri)))
+    key = fetch_key([(src, objects) for src, _, objects in listing])
+    final = manifest.output_dir(spec.paths.root, "fetch", key)
+
+    names: dict[str, str] = {}
+    for source, _, objects in listing:
+        for obj in objects:
+            name = _output_name(source, obj)
+            if names.setdefault(name, obj.uri) != obj.uri:
+                raise FetchError(f"{obj.uri} and {names[name]} would both be written as {name!r}; "
+                                 "fetch them in separate pipelines or rename one")
+
+    cached = manifest.load_valid(final, key)
+    if cached is not None:
+        logger.info("fetch: %d files already in %s (manifest valid); nothing downloaded",
+                    len(cached["files"]), final)
+        rows = [{"file": f, "bytes": m["bytes"], "MB/s": None, "transferred": 0, "cached": True}
+                for f, m in cached["files"].items()]
+        _publish(spec, rows, final, cached=True)
+        return str(final)
+
+    started = time.monotonic()
+    with manifest.staged_output(final) as staging:
+        jobs = [(reader, source, obj) for source, reader, objects in listing for obj in objects]
+        with ThreadPoolExecutor(min(FILE_WORKERS, len(jobs))) as pool:
+            records = list(pool.map(lambda job: _fetch_one(*job, staging), jobs))
+        for record in records:
+            logger.info("fetched %s: %d bytes in %.2f s", record["source"], record["bytes"],
+                        record["seconds"])
+        shutil.rmtree(staging / STATE_DIR)
+        total = sum(r["bytes"] for r in records)
+        manifest.write_manifest(
+            staging, "fetch", key,
+            sources=[{"uri": r["source"], "etag": r["etag"], "bytes": r["bytes"], "file": r["file"]}
+                     for r in records],
+            bytes=total, seconds=round(time.monotonic() - started, 3),
+        )
+    rows = [{"file": r["file"], "bytes": r["bytes"],
+             "MB/s": round(r["bytes"] / 1e6 / r["seconds"], 1) if r["seconds"] else None,
+             "transferred": r["bytes_transferred"], "cached": False} for r in records]
+    _publish(spec, rows, final, cached=False)
+    return str(final)
+
+
+def _publish(spec: PretrainSpec, rows: list[dict[str, Any]], final: Path, cached: bool) -> None:
+    total = sum(r["bytes"] for r in rows)
+    create_table_artifact(
+        rows, key=artifact_key(spec.name, "fetch"),
+        description=f"{len(rows)} files, {total / 1e6:.1f} MB in {final}"
+        + (" (cached: nothing downloaded)" if cached else ""),
+    )

@@ -1,0 +1,324 @@
+"""The Slurm job layer: submit a command through submitit, follow it, and end it.
+
+Everything that knows about sbatch, sacct, squeue and scancel text lives in this module.
+Tasks call :func:`run_job`; it streams the job's log into the Prefect log while the job
+runs, fails promptly with the state, exit code and last log lines when Slurm ends the job,
+and cancels the job when the flow is cancelled or crashes.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import submitit
+
+from blocks.cluster import SlurmCluster
+
+# sacct states after which the job will not run again (PREEMPTED and REQUEUED are followed by a restart).
+TERMINAL_STATES = {
+    "COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
+    "BOOT_FAIL", "DEADLINE", "REVOKED",
+}
+LOG_TAIL_LINES = 30
+
+
+@dataclass(frozen=True)
+class JobRequest:
+    """What one job needs. ``time_limit_min`` has no default: submitit's is 5 minutes."""
+
+    name: str
+    command: Callable[[], Any]
+    time_limit_min: int
+    nodes: int = 1
+    tasks_per_node: int = 1
+    cpus_per_task: int | None = None
+    mem_gb: float | None = None
+    exclude: tuple[str, ...] = ()
+    # Seconds before the time limit at which Slurm sends USR2 to let a program checkpoint;
+    # 0 lets Slurm end the job at its limit with state TIMEOUT.
+    signal_delay_s: int = 0
+
+
+@dataclass(frozen=True)
+class SacctRecord:
+    job_id: str
+    state: str
+    exit_code: str
+    nodes: str
+    elapsed: str
+
+
+class SlurmJobFailed(RuntimeError):
+    """A job that Slurm (or the local executor) ended without a successful result."""
+
+    def __init__(self, job_id: str, name: str, state: str, detail: str, log_tail: list[str],
+                 exit_code: str = "", nodes: str = "", log_path: str = ""):
+        self.job_id, self.name, self.state = job_id, name, state
+        self.exit_code, self.nodes, self.log_tail = exit_code, nodes, log_tail
+        lines = [f"job {job_id} ({name}) ended {state}"
+                 + (f" with exit code {exit_code}" if exit_code else "")
+                 + (f" on {nodes}" if nodes and nodes != "None assigned" else "")
+                 + (f": {detail}" if detail else "")]
+        if log_tail:
+            lines.append(f"last log lines ({log_path}):")
+            lines += [f"  {line}" for line in log_tail]
+        super().__init__("\n".join(lines))
+
+
+# ---------------------------------------------------------------- Slurm text, parsed here only
+
+SACCT_FIELDS = "JobID,State,ExitCode,NodeList,Elapsed"
+
+
+def parse_sacct(text: str) -> dict[str, SacctRecord]:
+    """Records of ``sacct -X --parsable2 --noheader -o JobID,State,ExitCode,NodeList,Elapsed``.
+
+    The state keeps only its first word: ``CANCELLED by 0`` is CANCELLED.
+    """
+    records = {}
+    for line in text.splitlines():
+        parts = line.strip().split("|")
+        if len(parts) != 5 or not parts[0]:
+            continue
+        job_id, state, exit_code, nodes, elapsed = parts
+        records[job_id] = SacctRecord(job_id, state.split()[0] if state else "UNKNOWN",
+                                      exit_code, nodes, elapsed)
+    return records
+
+
+def query_slurm_state(job_id: str) -> SacctRecord | None:
+    """The job's accounting record; without accounting, whether squeue still lists it."""
+    out = subprocess.run(
+        ["sacct", "-X", "--parsable2", "--noheader", "-o", SACCT_FIELDS, "-j", job_id],
+        capture_output=True, text=True, timeout=60,
+    )
+    if out.returncode == 0:
+        return parse_sacct(out.stdout).get(job_id)
+    # Accounting is off or down: a job squeue no longer lists has ended (torchx does the same).
+    queue = subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%T"],
+                           capture_output=True, text=True, timeout=60)
+    if queue.returncode == 0 and queue.stdout.strip():
+        return SacctRecord(job_id, queue.stdout.split()[0], "", "", "")
+    return SacctRecord(job_id, "ENDED_UNKNOWN", "", "", "")
+
+
+def slurm_available() -> bool:
+    """Whether a Slurm controller answers (``sinfo`` is quick and needs no accounting)."""
+    if shutil.which("sinfo") is None:
+        return False
+    try:
+        return subprocess.run(["sinfo", "-h"], capture_output=True, timeout=10).returncode == 0
+    except subprocess.TimeoutExpired:
+        return False
+
+
+def executor_kind(cluster: SlurmCluster) -> str:
+    if cluster.executor != "auto":
+        return cluster.executor
+    return "slurm" if slurm_available() else "local"
+
+
+def slurm_parameters(cluster: SlurmCluster, request: JobRequest) -> dict[str, Any]:
+    """submitit SlurmExecutor parameters: the request's shape with the site's settings."""
+    params: dict[str, Any] = {
+        "job_name": request.name,
+        "time": request.time_limit_min,
+        "nodes": request.nodes,
+        "ntasks_per_node": request.tasks_per_node,
+        "signal_delay_s": request.signal_delay_s,
+        "setup": list(cluster.setup),
+        "additional_parameters": dict(cluster.sbatch_options),
+    }
+    optional = {
+        "cpus_per_task": request.cpus_per_task,
+        "mem": f"{int(request.mem_gb * 1024)}M" if request.mem_gb else None,
+        "partition": cluster.partition,
+        "account": cluster.account,
+        "qos": cluster.qos,
+        "gres": cluster.gres,
+        "exclusive": True if cluster.exclusive else None,
+        "nodelist": ",".join(cluster.nodelist) or None,
+        "exclude": ",".join(sorted({*cluster.exclude, *request.exclude})) or None,
+    }
+    params.update({k: v for k, v in optional.items() if v is not None})
+    if cluster.container_image:
+        srun_args = [f"--container-image={cluster.container_image}"]
+        if cluster.container_mounts:
+            srun_args.append(f"--container-mounts={','.join(cluster.container_mounts)}")
+        params["srun_args"] = srun_args
+    return params
+
+
+# ---------------------------------------------------------------- submitting and following
+
+_active_jobs: dict[str, submitit.Job] = {}
+
+
+def _cancel_active_jobs() -> None:
+    """Last line of defence: a flow process that exits (cancel, crash, Ctrl-C) leaves no job."""
+    for job in list(_active_jobs.values()):
+        cancel(job)
+
+
+atexit.register(_cancel_active_jobs)
+
+
+def _exit_on_sigterm() -> None:
+    """Make SIGTERM unwind the stack (finally blocks, atexit) instead of killing the process
+    outright; Prefect's flow engine installs its own handler that does the same."""
+    if (threading.current_thread() is threading.main_thread()
+            and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL):
+        signal.signal(signal.SIGTERM, lambda signum, _: sys.exit(128 + signum))
+
+
+def submit(request: JobRequest, cluster: SlurmCluster, folder: Path) -> submitit.Job:
+    """Submit ``request``; its scripts and logs go to a fresh directory under ``folder``.
+
+    A fresh directory per submission keeps a reset cluster's reused job ids from finding an
+    older job's result files.
+    """
+    job_dir = Path(folder) / f"{request.name}-{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:6]}"
+    if executor_kind(cluster) == "slurm":
+        executor = submitit.SlurmExecutor(folder=job_dir, python=cluster.python or sys.executable)
+        executor.update_parameters(**slurm_parameters(cluster, request))
+    else:
+        if request.nodes != 1:
+            raise ValueError(f"{request.name}: the local executor runs 1 node, not {request.nodes}; "
+                             "use a Slurm cluster (cluster.executor='slurm')")
+        executor = submitit.LocalExecutor(folder=job_dir)
+        executor.update_parameters(timeout_min=request.time_limit_min,
+                                   tasks_per_node=request.tasks_per_node,
+                                   signal_delay_s=request.signal_delay_s)
+    _exit_on_sigterm()
+    job = executor.submit(request.command)
+    _active_jobs[job.job_id] = job
+    return job
+
+
+def cancel(job: submitit.Job) -> None:
+    _active_jobs.pop(job.job_id, None)
+    try:
+        job.cancel(check=False)
+    except Exception as exc:  # the job may be gone already; cancelling is best effort by nature
+        logging.getLogger(__name__).warning("could not cancel job %s: %s", job.job_id, exc)
+
+
+class LogFollower:
+    """Reads the lines that the job's tasks appended to their logs since the last call."""
+
+    def __init__(self, job: submitit.Job):
+        self.paths = []
+        for i in range(job.num_tasks):
+            paths = job.task(i).paths
+            self.paths += [(i, paths.stdout), (i, paths.stderr)]
+        self.offsets = {path: 0 for _, path in self.paths}
+        self.partial = {path: "" for _, path in self.paths}
+        self.tail: deque[str] = deque(maxlen=LOG_TAIL_LINES)
+
+    def read_new(self) -> list[tuple[int, str]]:
+        lines = []
+        for task, path in self.paths:
+            try:
+                with open(path, "rb") as f:
+                    f.seek(self.offsets[path])
+                    data = f.read()
+            except FileNotFoundError:
+                continue
+            self.offsets[path] += len(data)
+            text = self.partial[path] + data.decode(errors="replace")
+            *complete, self.partial[path] = text.split("\n")
+            for line in complete:
+                # tqdm-style progress rewrites one line with carriage returns: keep the last state
+                line = line.rsplit("\r", 1)[-1]
+                lines.append((task, line))
+                self.tail.append(line)
+        return lines
+
+
+def _logger() -> logging.Logger | logging.LoggerAdapter:
+    from prefect.exceptions import MissingContextError
+    from prefect.logging import get_run_logger
+
+    try:
+        return get_run_logger()
+    except MissingContextError:
+        return logging.getLogger(__name__)
+
+
+def _job_finished(job: submitit.Job, kind: str) -> SacctRecord | None:
+    """None while the job may still run; else its final record."""
+    if kind == "local":
+        return SacctRecord(job.job_id, job.state, "", "localhost", "") if job.done() else None
+    if all(job.task(i).paths.result_pickle.exists() for i in range(job.num_tasks)):
+        return query_slurm_state(job.job_id) or SacctRecord(job.job_id, "COMPLETED", "", "", "")
+    record = query_slurm_state(job.job_id)
+    if record is not None and (record.state in TERMINAL_STATES or record.state == "ENDED_UNKNOWN"):
+        return record
+    return None
+
+
+def wait(job: submitit.Job, name: str, poll_s: float = 2.0, max_wait_s: float | None = None) -> list[Any]:
+    """Follow ``job`` to its end, logging its output; return one result per task.
+
+    Raises :class:`SlurmJobFailed` with the reason as soon as the job ends without results.
+    """
+    logger = _logger()
+    kind = "local" if isinstance(job, submitit.LocalJob) else "slurm"
+    follower = LogFollower(job)
+    deadline = None if max_wait_s is None else time.monotonic() + max_wait_s
+    multi = job.num_tasks > 1
+
+    def stream() -> None:
+        for task, line in follower.read_new():
+            logger.info("[%s%s] %s", job.job_id, f".{task}" if multi else "", line)
+
+    while (record := _job_finished(job, kind)) is None:
+        stream()
+        if deadline is not None and time.monotonic() > deadline:
+            cancel(job)
+            raise SlurmJobFailed(job.job_id, name, "CANCELLED", f"no result after {max_wait_s:.0f} s",
+                                 list(follower.tail), log_path=str(job.paths.stdout))
+        time.sleep(poll_s)
+    # The last lines reach the log file just before the job ends.
+    time.sleep(0.2)
+    stream()
+    _active_jobs.pop(job.job_id, None)
+    has_results = all(job.task(i).paths.result_pickle.exists() for i in range(job.num_tasks))
+    if kind == "slurm" and not has_results:
+        raise SlurmJobFailed(job.job_id, name, record.state, "", list(follower.tail),
+                             exit_code=record.exit_code, nodes=record.nodes,
+                             log_path=str(job.paths.stdout))
+    try:
+        return job.results()
+    except (submitit.core.utils.FailedJobError, submitit.core.utils.UncompletedJobError) as exc:
+        state = record.state if record.state in TERMINAL_STATES else "FAILED"
+        reason = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
+        raise SlurmJobFailed(job.job_id, name, state, reason, list(follower.tail),
+                             exit_code=record.exit_code, nodes=record.nodes,
+                             log_path=str(job.paths.stdout)) from None
+
+
+def run_job(request: JobRequest, cluster: SlurmCluster, folder: Path, poll_s: float = 2.0,
+            max_wait_s: float | None = None, on_submit: Callable[[submitit.Job], None] | None = None) -> list[Any]:
+    """Submit, follow and return the per-task results; the job never outlives this call."""
+    job = submit(request, cluster, folder)
+    _logger().info("submitted %s as job %s (%s)", request.name, job.job_id, job.paths.folder)
+    if on_submit is not None:
+        on_submit(job)
+    try:
+        return wait(job, request.name, poll_s=poll_s, max_wait_s=max_wait_s)
+    finally:
+        if job.job_id in _active_jobs:  # left by an exception: a cancelled flow, a crash
+            cancel(job)

@@ -1,0 +1,57 @@
+"""Stage outputs are done only when their manifest validates; a failed stage leaves nothing
+that looks complete."""
+
+from __future__ import annotations
+
+import pytest
+
+from pretrain import manifest
+
+
+def test_staged_output_is_renamed_into_place_with_its_manifest(tmp_path):
+    final = manifest.output_dir(tmp_path, "tokenize", manifest.stable_hash({"a": 1}))
+    key = manifest.stable_hash({"a": 1})
+    with manifest.staged_output(final) as staging:
+        (staging / "data.bin").write_bytes(b"1234")
+        manifest.write_manifest(staging, "tokenize", key, documents=1)
+    assert not manifest.staging_dir(final).exists()
+    meta = manifest.load_valid(final, key, deep=True)
+    assert meta["files"]["data.bin"]["bytes"] == 4 and meta["documents"] == 1
+    assert meta["code_version"]
+
+
+def test_failure_inside_a_stage_leaves_no_final_output(tmp_path):
+    final = tmp_path / "out"
+    with pytest.raises(ValueError):
+        with manifest.staged_output(final) as staging:
+            (staging / "data.bin").write_bytes(b"12")
+            raise ValueError("disk full")
+    assert not final.exists()
+    assert (manifest.staging_dir(final) / "data.bin").exists()  # kept for a resumed attempt
+
+
+def test_a_stage_that_writes_no_manifest_is_not_done(tmp_path):
+    final = tmp_path / "out"
+    with pytest.raises(RuntimeError, match="without writing MANIFEST.json"):
+        with manifest.staged_output(final):
+            pass
+    assert not final.exists()
+
+
+def test_validation_catches_truncation_corruption_and_other_keys(tmp_path):
+    with manifest.staged_output(tmp_path / "out") as staging:
+        (staging / "x").write_bytes(b"abcdef")
+        manifest.write_manifest(staging, "fetch", "k1")
+    out = tmp_path / "out"
+    assert manifest.load_valid(out, "k1") is not None
+    assert manifest.load_valid(out, "k2") is None
+    (out / "x").write_bytes(b"abcdeX")  # same size, other bytes
+    assert manifest.load_valid(out, "k1") is not None
+    assert manifest.load_valid(out, "k1", deep=True) is None
+    (out / "x").write_bytes(b"abc")
+    assert manifest.load_valid(out, "k1") is None
+
+
+def test_stable_hash_ignores_key_order_only():
+    assert manifest.stable_hash({"a": 1, "b": 2}) == manifest.stable_hash({"b": 2, "a": 1})
+    assert manifest.stable_hash({"a": 1}) != manifest.stable_hash({"a": 2})

@@ -1,0 +1,176 @@
+"""The Slurm job layer against the real local cluster: every way a job can end."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+import submitit
+
+from blocks.cluster import SlurmCluster
+from pretrain.command import Command
+from tasks.slurm import (
+    JobRequest, SlurmJobFailed, parse_sacct, run_job, slurm_parameters, submit, wait,
+)
+
+SLURM = SlurmCluster(executor="slurm")
+LOCAL = SlurmCluster(executor="local")
+
+
+def bash(script: str) -> Command:
+    return Command(["bash", "-c", script])
+
+
+def squeue_ids() -> list[str]:
+    out = subprocess.run(["squeue", "-h", "-o", "%i"], capture_output=True, text=True, check=True)
+    return out.stdout.split()
+
+
+def wait_running(job, timeout_s: float = 30) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        out = subprocess.run(["squeue", "-h", "-j", job.job_id, "-o", "%T"], capture_output=True, text=True)
+        if out.stdout.strip() == "RUNNING" and job.paths.stdout.exists():
+            return
+        time.sleep(0.3)
+    raise AssertionError(f"job {job.job_id} did not start")
+
+
+# ---------------------------------------------------------------- pure parts
+
+
+def test_parse_sacct_reads_states_exit_codes_and_nodes():
+    text = "41|COMPLETED|0:0|localhost|00:00:01\n42|CANCELLED by 0|0:15|localhost|00:00:07\n43_1|TIMEOUT|0:0|n[1-2]|00:01:30\n"
+    records = parse_sacct(text)
+    assert records["41"].state == "COMPLETED"
+    assert records["42"].state == "CANCELLED" and records["42"].exit_code == "0:15"
+    assert records["43_1"].nodes == "n[1-2]"
+
+
+def test_slurm_parameters_render_site_settings_and_never_submitits_default_time(tmp_path):
+    cluster = SlurmCluster(executor="slurm", partition="trn1", account="ml", exclusive=True,
+                           exclude=["bad-1"], container_image="nvcr.io/nvidia/pytorch:25.01-py3",
+                           container_mounts=["/fsx:/fsx"], setup=["module load neuron"],
+                           sbatch_options={"constraint": "trn1.32xlarge"})
+    request = JobRequest("train", Command(["true"]), time_limit_min=720, nodes=16,
+                         tasks_per_node=1, exclude=("bad-2",), signal_delay_s=300)
+    params = slurm_parameters(cluster, request)
+    assert params["time"] == 720 and params["nodes"] == 16 and params["exclusive"] is True
+    assert params["exclude"] == "bad-1,bad-2"
+    assert params["srun_args"] == ["--container-image=nvcr.io/nvidia/pytorch:25.01-py3",
+                                   "--container-mounts=/fsx:/fsx"]
+    script = submitit.slurm.slurm._make_sbatch_string(command="x", folder=tmp_path, **params)
+    for line in ("#SBATCH --time=720", "#SBATCH --nodes=16", "#SBATCH --partition=trn1",
+                 "#SBATCH --account=ml", "#SBATCH --exclude=bad-1,bad-2", "#SBATCH --exclusive",
+                 "#SBATCH --signal=USR2@300", "#SBATCH --constraint=trn1.32xlarge", "module load neuron"):
+        assert line in script
+
+
+def test_time_limit_is_required():
+    with pytest.raises(TypeError):
+        JobRequest("x", Command(["true"]))  # type: ignore[call-arg]
+
+
+# ---------------------------------------------------------------- real cluster
+
+
+def test_success_returns_and_streams_the_log(local_stack, shared_dir, caplog):
+    caplog.set_level("INFO")
+    results = run_job(JobRequest("hello", bash("echo hello from $SLURM_JOB_ID"), time_limit_min=2),
+                      SLURM, shared_dir, poll_s=0.5)
+    assert results == [0]
+    assert any("hello from" in r.getMessage() for r in caplog.records)
+
+
+def test_failing_command_reports_state_exit_code_and_last_lines(local_stack, shared_dir):
+    with pytest.raises(SlurmJobFailed) as info:
+        run_job(JobRequest("fails", bash("echo working; echo 'disk quota exceeded' >&2; exit 3"),
+                           time_limit_min=2), SLURM, shared_dir, poll_s=0.5)
+    err = info.value
+    assert err.state == "FAILED"
+    assert "exit code 3" in str(err)
+    assert "disk quota exceeded" in str(err)
+
+
+def test_scancel_fails_the_wait_promptly(local_stack, shared_dir):
+    job = submit(JobRequest("victim", bash("sleep 300"), time_limit_min=5), SLURM, shared_dir)
+    wait_running(job)
+    subprocess.run(["scancel", job.job_id], check=True)
+    started = time.monotonic()
+    with pytest.raises(SlurmJobFailed) as info:
+        wait(job, "victim", poll_s=0.5)
+    assert info.value.state == "CANCELLED"
+    assert time.monotonic() - started < 20
+
+
+def test_two_tasks_get_torchrun_ranks(local_stack, shared_dir):
+    out = shared_dir / "ranks"
+    out.mkdir()
+    script = f'echo "$RANK $WORLD_SIZE $LOCAL_RANK $NODE_RANK $NNODES $MASTER_ADDR $MASTER_PORT" > {out}/$RANK'
+    results = run_job(JobRequest("ranks", bash(script), time_limit_min=2, tasks_per_node=2),
+                      SLURM, shared_dir, poll_s=0.5)
+    assert results == [0, 0]
+    lines = sorted((out / str(r)).read_text().split() for r in (0, 1))
+    assert [line[:6] for line in lines] == [["0", "2", "0", "0", "1", "localhost"],
+                                            ["1", "2", "1", "0", "1", "localhost"]]
+    assert lines[0][6] == lines[1][6]  # one master port for all ranks
+
+
+def test_requeued_job_runs_again_and_succeeds(local_stack, shared_dir):
+    marker = shared_dir / "restarted"
+    script = f'if [ "${{SLURM_RESTART_COUNT:-0}}" -ge 1 ]; then touch {marker}; else sleep 300; fi'
+    job = submit(JobRequest("requeue", bash(script), time_limit_min=5), SLURM, shared_dir)
+    wait_running(job)
+    subprocess.run(["scontrol", "requeue", job.job_id], check=True)
+    assert wait(job, "requeue", poll_s=0.5, max_wait_s=120) == [0]
+    assert marker.exists()
+
+
+def test_time_limit_ends_with_timeout(local_stack, shared_dir):
+    # Slurm checks limits every ~30 s, then waits KillWait: about 60-100 s in all.
+    with pytest.raises(SlurmJobFailed) as info:
+        run_job(JobRequest("too-long", bash("sleep 600"), time_limit_min=1), SLURM, shared_dir, poll_s=1)
+    assert info.value.state == "TIMEOUT"
+
+
+def test_flow_process_terminated_cancels_its_job(local_stack, shared_dir):
+    """What a Prefect worker does on cancel (SIGTERM to the flow process) leaves no job."""
+    ids = shared_dir / "job-id"
+    program = textwrap.dedent(f"""
+        from pathlib import Path
+        from blocks.cluster import SlurmCluster
+        from pretrain.command import Command
+        from tasks.slurm import JobRequest, run_job
+        run_job(JobRequest("orphan", Command(["sleep", "300"]), time_limit_min=5),
+                SlurmCluster(executor="slurm"), Path({str(shared_dir)!r}), poll_s=0.5,
+                on_submit=lambda job: Path({str(ids)!r}).write_text(job.job_id))
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", program], env=os.environ.copy())
+    deadline = time.monotonic() + 60
+    while not ids.exists() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    job_id = ids.read_text()
+    assert job_id in squeue_ids()
+    proc.send_signal(signal.SIGTERM)
+    proc.wait(timeout=30)
+    deadline = time.monotonic() + 30
+    while job_id in squeue_ids() and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert job_id not in squeue_ids()
+
+
+# ---------------------------------------------------------------- local executor
+
+
+def test_local_executor_runs_and_reports_failures(shared_dir):
+    assert run_job(JobRequest("local-ok", bash("echo ok"), time_limit_min=2), LOCAL, shared_dir,
+                   poll_s=0.2) == [0]
+    with pytest.raises(SlurmJobFailed) as info:
+        run_job(JobRequest("local-bad", bash("echo broken >&2; exit 4"), time_limit_min=2), LOCAL,
+                shared_dir, poll_s=0.2)
+    assert "exit code 4" in str(info.value) and "broken" in str(info.value)

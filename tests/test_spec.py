@@ -1,0 +1,122 @@
+"""The spec and presets: every runbook workload validates with its published values, and each
+known trap is rejected before anything is queued, naming the field and the fix."""
+
+from __future__ import annotations
+
+import pytest
+
+from pretrain.presets import SpecError, apply_overrides, list_presets, load_spec
+
+RUNBOOK_PRESETS = ["gpt3-6.7b-trn1-16node", "gpt3-7.5b-gpu", "llama3-70b", "llama3-70b-cp",
+                   "llama3-70b-trn2", "llama3.1-70b", "megatron-gpt-6.7b", "tiny-local"]
+
+
+def test_every_runbook_workload_has_a_preset_that_validates():
+    assert list_presets() == RUNBOOK_PRESETS
+    for name in RUNBOOK_PRESETS:
+        assert load_spec(name).name == name
+
+
+@pytest.mark.parametrize("preset, world, dp, accumulation", [
+    ("llama3-70b", 512, 2, 512),        # 16 x 32 / (32 x 8)
+    ("llama3-70b-trn2", 512, 4, 256),   # 8 x 64 / (32 x 4)
+    ("llama3-70b-cp", 512, 1, 1024),    # 16 x 32 / (32 x 8 x 2)
+    ("gpt3-6.7b-trn1-16node", 512, 16, 64),
+    ("gpt3-7.5b-gpu", 16, 2, 144),
+])
+def test_derived_parallel_sizes_match_the_runbooks(preset, world, dp, accumulation):
+    spec = load_spec(preset)
+    assert (spec.world_size, spec.dp, spec.grad_accumulation) == (world, dp, accumulation)
+
+
+def test_published_values_of_the_70b_presets():
+    trn2 = load_spec("llama3-70b-trn2")
+    assert trn2.backend.neuron.lnc == 2 and trn2.parallel.kv_replicator == 4
+    assert trn2.parallel.pipeline_cuts == ["model.layers.18", "model.layers.39", "model.layers.60"]
+    assert load_spec("llama3-70b").backend.neuron.lnc == 1
+    llama31 = load_spec("llama3.1-70b")
+    assert llama31.model.rope_scaling.factor == 8.0 and llama31.model.max_position_embeddings == 131072
+    assert llama31.cluster.nodes == 32 and llama31.model.num_layers == 80
+
+
+def test_gpt_size_table_fills_the_shape():
+    spec = load_spec("gpt3-7.5b-gpu")
+    assert (spec.model.num_layers, spec.model.hidden_size, spec.model.num_attention_heads) == (36, 4096, 32)
+    bigger = load_spec("gpt3-7.5b-gpu", ["model.size=18.4B", "parallel.tp=8"])
+    assert (bigger.model.num_layers, bigger.model.hidden_size) == (40, 6144)
+    with pytest.raises(SpecError, match=r"model.size='2B'.*1.7B"):
+        load_spec("gpt3-7.5b-gpu", ["model.size=2B"])
+
+
+def rejected(preset: str, *overrides: str) -> str:
+    with pytest.raises(SpecError) as info:
+        load_spec(preset, list(overrides))
+    return str(info.value)
+
+
+def test_heads_not_divisible_by_tp():
+    message = rejected("llama3-70b", "parallel.tp=6", "parallel.kv_replicator=1")
+    assert "parallel.tp=6" in message and "model.num_attention_heads=64" in message
+    assert "[1, 2, 4, 8, 16, 32, 64]" in message
+
+
+def test_global_batch_not_divisible_by_micro_batch_times_dp():
+    message = rejected("gpt3-7.5b-gpu", "training.global_batch_size=289")
+    assert "training.global_batch_size=289" in message and "micro_batch_size x dp" in message
+
+
+def test_kv_replication_constraints():
+    assert "parallel.kv_replicator=3 must divide parallel.tp=32" in rejected(
+        "llama3-70b", "parallel.kv_replicator=3")
+    message = rejected("llama3-70b", "parallel.kv_replicator=2")
+    assert "model.num_kv_heads=8 x parallel.kv_replicator=2" in message and "[4, 8, 16, 32]" in message
+    assert "kv_replicator is an NxD setting" in rejected("tiny-local", "parallel.kv_replicator=2")
+
+
+def test_eval_iterations_with_zero_validation_split():
+    message = rejected("gpt3-7.5b-gpu", "data.split=100,0,0")
+    assert "training.eval_iters=40" in message and "data.split" in message and "eval_iters=0" in message
+    assert load_spec("gpt3-7.5b-gpu", ["data.split=100,0,0", "training.eval_iters=0"])
+
+
+def test_steps_and_samples_both_set():
+    message = rejected("gpt3-7.5b-gpu", "training.train_steps=100")
+    assert "training.train_steps and training.train_samples are both set" in message
+
+
+def test_world_size_must_fit_the_model_parallel_layout():
+    message = rejected("llama3-70b", "cluster.nodes=3")
+    assert "cluster.nodes x cluster.devices_per_node = 3 x 32 = 96" in message
+    assert "parallel.tp x parallel.pp x parallel.cp = 32 x 8 x 1 = 256" in message
+
+
+def test_lnc_belongs_to_trn2():
+    assert "trn1 has no logical NeuronCores" in rejected("llama3-70b", "backend.neuron.lnc=2")
+
+
+def test_typo_and_bad_override_keys_are_named():
+    assert "parallel.tensor_parallel: unknown field" in rejected("tiny-local", "parallel.tensor_parallel=2")
+    assert "bogus: unknown field" in rejected("tiny-local", "bogus.x=1")
+    assert "dotted.key=value" in rejected("tiny-local", "parallel.tp")
+    assert "model.family is a value, not a section" in rejected("tiny-local", "model.family.x=1")
+
+
+def test_unknown_preset_lists_the_available_ones():
+    message = rejected("llama9-1t")
+    assert "unknown preset 'llama9-1t'" in message and "tiny-local" in message
+
+
+def test_spec_files_extend_presets_and_name_their_line_on_yaml_errors(tmp_path):
+    spec_file = tmp_path / "mine.yaml"
+    spec_file.write_text("extends: tiny-local\ntraining:\n  train_steps: 7\n")
+    spec = load_spec(str(spec_file))
+    assert spec.name == "mine" and spec.training.train_steps == 7 and spec.model.num_layers == 4
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("name: x\nmodel: [unclosed\n")
+    assert f"{broken}:" in rejected(str(broken)) and "invalid YAML" in rejected(str(broken))
+
+
+def test_overrides_parse_yaml_values():
+    data = apply_overrides({"a": {"b": 1}}, ["a.b=null", "a.c=[1, 2]", "d.e=true"])
+    assert data == {"a": {"b": None, "c": [1, 2]}, "d": {"e": True}}
+    assert load_spec("tiny-local", ["training.train_steps=null", "training.train_samples=640"]).training.train_samples == 640
