@@ -7,7 +7,6 @@ neither Prefect nor anything of the control plane.
 from __future__ import annotations
 
 import os
-import signal
 import string
 import subprocess
 import sys
@@ -62,13 +61,14 @@ class Command:
         env = {**os.environ, **dist, **self.env}
         print(f"[rank {dist['RANK']}] $ {' '.join(argv)}", flush=True)
         proc = subprocess.Popen(argv, env=env, cwd=self.cwd, stdout=sys.stdout, stderr=sys.stderr)
-        # submitit's job process ignores SIGTERM; pass it on so a cancelled or preempted
-        # program can save its state before Slurm's SIGKILL.
-        previous = signal.signal(signal.SIGTERM, lambda *_: proc.send_signal(signal.SIGTERM))
         try:
             returncode = proc.wait()
-        finally:
-            signal.signal(signal.SIGTERM, previous)
+        except BaseException:
+            # Interrupted (the local executor's cancel is a SIGINT here): never orphan the program.
+            # On Slurm the program receives the job's signals itself.
+            proc.terminate()
+            proc.wait(timeout=30)
+            raise
         if returncode != 0:
             raise CommandFailed(argv, returncode)
         return returncode

@@ -29,6 +29,7 @@ from typing import Any, Callable, Protocol
 import botocore.exceptions
 import zstandard
 
+ANONYMOUS = "anonymous access"
 PART_SIZE = 8 << 20  # ranged-read chunk; also S3's default multipart part size
 PARALLEL_THRESHOLD = 2 * PART_SIZE
 COMPRESSED_SUFFIXES = {".gz": gzip.open, ".xz": lzma.open, ".bz2": bz2.open}
@@ -85,13 +86,17 @@ def _s3_errors(uri: str, access: str) -> Iterator[None]:
     except botocore.exceptions.ClientError as exc:
         code = exc.response.get("Error", {}).get("Code", "")
         status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
-        if code in ("NoSuchBucket",):
+        if code == "NoSuchBucket" or (exc.operation_name == "HeadBucket" and status == 404):
             raise FetchError(f"{uri}: bucket does not exist; check the bucket name") from None
         if code in ("NoSuchKey", "404", "NotFound") or status == 404:
             raise FetchError(f"{uri}: no such object; check the key (or end a prefix with '/')") from None
         if code in ("InvalidAccessKeyId", "SignatureDoesNotMatch", "InvalidToken", "ExpiredToken"):
             raise FetchError(f"{uri}: the credentials of {access} were rejected ({code}); "
                              "fix the access key and secret in that block") from None
+        if (code in ("AccessDenied", "403") or status == 403) and access == ANONYMOUS:
+            raise FetchError(f"{uri}: access denied (HTTP 403) to anonymous access: the object is "
+                             "not public; name an AwsCredentials block in the source's "
+                             "`credentials`") from None
         if code in ("AccessDenied", "403") or status == 403:
             # HEAD answers carry no error code: wrong keys and missing permission look alike.
             raise FetchError(f"{uri}: access denied (HTTP 403) with {access}: the keys are wrong "
@@ -114,7 +119,7 @@ class S3Reader:
     ``access`` describes the credentials in messages, e.g. "credentials block 'local-s3'".
     """
 
-    def __init__(self, client: Any, access: str = "anonymous access"):
+    def __init__(self, client: Any, access: str = ANONYMOUS):
         self.client = client
         self.access = access
 
@@ -130,7 +135,13 @@ class S3Reader:
     def _list(self, uri: str) -> list[RemoteObject]:
         bucket, key = self.split(uri)
         if key and not key.endswith("/"):
-            head = self.client.head_object(Bucket=bucket, Key=key)
+            try:
+                head = self.client.head_object(Bucket=bucket, Key=key)
+            except botocore.exceptions.ClientError as exc:
+                # A HEAD 404 carries no error code: ask whether the bucket itself is missing.
+                if exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode") == 404:
+                    self.client.head_bucket(Bucket=bucket)
+                raise
             return [RemoteObject(uri, safe_relative_name(PurePosixPath(key).name, uri),
                                  head["ContentLength"], head["ETag"].strip('"'))]
         objects = []

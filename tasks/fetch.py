@@ -25,7 +25,7 @@ from prefect.tasks import exponential_backoff
 from pretrain import manifest
 from pretrain.spec import DataSource, PretrainSpec
 from pretrain.transfer import (
-    FetchError, HttpReader, LocalReader, RemoteObject, S3Reader, decompress, decompressed_name,
+    ANONYMOUS, FetchError, HttpReader, LocalReader, RemoteObject, S3Reader, decompress, decompressed_name,
     download,
 )
 from tasks.artifacts import artifact_key
@@ -55,7 +55,7 @@ def reader_for(source: DataSource) -> S3Reader | HttpReader | LocalReader:
         client = boto3.session.Session().client(
             "s3", endpoint_url=source.endpoint_url, region_name="us-east-1",
             config=Config(signature_version=UNSIGNED, **_s3_client_config()))
-        return S3Reader(client, "anonymous access")
+        return S3Reader(client, ANONYMOUS)
     if source.uri.startswith(("http://", "https://")):
         return HttpReader()
     return LocalReader()

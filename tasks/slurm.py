@@ -258,11 +258,13 @@ def _logger() -> logging.Logger | logging.LoggerAdapter:
 
 
 def _job_finished(job: submitit.Job, kind: str) -> SacctRecord | None:
-    """None while the job may still run; else its final record."""
+    """None while the job may still run; else its final record.
+
+    Slurm's state decides, not the result files: a requeued or preempted attempt may leave an
+    error result behind that the next attempt replaces.
+    """
     if kind == "local":
         return SacctRecord(job.job_id, job.state, "", "localhost", "") if job.done() else None
-    if all(job.task(i).paths.result_pickle.exists() for i in range(job.num_tasks)):
-        return query_slurm_state(job.job_id) or SacctRecord(job.job_id, "COMPLETED", "", "", "")
     record = query_slurm_state(job.job_id)
     if record is not None and (record.state in TERMINAL_STATES or record.state == "ENDED_UNKNOWN"):
         return record

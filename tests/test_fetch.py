@@ -107,7 +107,8 @@ def test_prefix_is_fetched_decompressed_and_cached(s3, bucket, credentials_block
 
 
 def test_deleted_output_file_is_fetched_again(s3, bucket, tmp_path):
-    s3.put_object(Bucket=bucket, Key="one.txt", Body=b"x" * 1000)
+    # A public object, read without credentials like s3://neuron-s3 in the runbooks.
+    s3.put_object(Bucket=bucket, Key="one.txt", Body=b"x" * 1000, ACL="public-read")
     spec = spec_with(tmp_path, [{"uri": f"s3://{bucket}/one.txt", "endpoint_url": s3.meta.endpoint_url}])
     out = Path(run_fetch(spec))
     (out / "one.txt").unlink()
@@ -180,7 +181,7 @@ def test_truncated_file_fails_size_check(s3, bucket, tmp_path):
 
 
 def test_checksum_mismatch_fails_and_leaves_no_output(s3, bucket, tmp_path):
-    s3.put_object(Bucket=bucket, Key="vocab.json", Body=b"{}")
+    s3.put_object(Bucket=bucket, Key="vocab.json", Body=b"{}", ACL="public-read")
     spec = spec_with(tmp_path, [{"uri": f"s3://{bucket}/vocab.json", "endpoint_url": s3.meta.endpoint_url,
                                  "sha256": "0" * 64}])
     state = run_fetch(spec, return_state=True)
@@ -190,15 +191,17 @@ def test_checksum_mismatch_fails_and_leaves_no_output(s3, bucket, tmp_path):
     assert not list((tmp_path / "fetch").glob("fetch-*"))  # nothing that looks complete
 
 
-def test_missing_bucket_and_key_name_the_source(s3, bucket, tmp_path):
-    endpoint = s3.meta.endpoint_url
+def test_missing_bucket_key_and_private_objects_name_the_source(s3, bucket, tmp_path):
     with pytest.raises(FetchError, match="bucket does not exist"):
         S3Reader(s3).list("s3://no-such-bucket-here/x.txt")
     with pytest.raises(FetchError, match=f"s3://{bucket}/missing.txt: no such object"):
-        reader_for(spec_with(tmp_path, [{"uri": f"s3://{bucket}/missing.txt", "endpoint_url": endpoint}])
-                   .data.sources[0]).list(f"s3://{bucket}/missing.txt")
+        S3Reader(s3).list(f"s3://{bucket}/missing.txt")
     with pytest.raises(FetchError, match="no objects under this prefix"):
         S3Reader(s3).list(f"s3://{bucket}/empty/")
+    s3.put_object(Bucket=bucket, Key="private.txt", Body=b"secret")
+    anonymous = spec_with(tmp_path, [{"uri": f"s3://{bucket}/private.txt", "endpoint_url": s3.meta.endpoint_url}])
+    with pytest.raises(FetchError, match="not public; name an AwsCredentials block"):
+        reader_for(anonymous.data.sources[0]).list(f"s3://{bucket}/private.txt")
 
 
 def test_key_escaping_the_output_directory_is_refused(s3, bucket, tmp_path):

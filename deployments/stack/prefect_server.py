@@ -1,0 +1,52 @@
+"""The Prefect server of the stack (SQLite under the stack directory), for deployments,
+schedules and workers; plain flow runs use the ephemeral API instead."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import urllib.request
+from pathlib import Path
+
+from deployments.stack.processes import running_pid, start_detached, stop, wait_until
+
+
+def server_env(root: Path, port: int) -> dict[str, str]:
+    env = {**os.environ,
+           "PREFECT_HOME": str(root / "prefect"),
+           "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+           # The UI calls this address; it must be this server's own /api (reference §Addendum).
+           "PREFECT_SERVER_UI_API_URL": f"http://127.0.0.1:{port}/api"}
+    env.pop("PREFECT_API_URL", None)
+    return env
+
+
+def _healthy(port: int) -> bool:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/health", timeout=1) as resp:
+            return json.loads(resp.read()) is True
+    except (OSError, ValueError):
+        return False
+
+
+def up(root: Path, port: int) -> int:
+    pid_file = root / "run" / "prefect.pid"
+    if (pid := running_pid(pid_file)) is not None:
+        return pid
+    (root / "run").mkdir(parents=True, exist_ok=True)
+    log = root / "log" / "prefect.log"
+    prefect = str(Path(sys.executable).with_name("prefect"))
+    pid = start_detached([prefect, "server", "start", "--host", "127.0.0.1", "--port", str(port)],
+                         log, pid_file, env=server_env(root, port))
+    wait_until(lambda: _healthy(port), 120, f"the Prefect server on port {port}", log)
+    return pid
+
+
+def down(root: Path) -> bool:
+    # The server runs uvicorn in child processes: stop its whole session.
+    return stop(root / "run" / "prefect.pid", group=True)
+
+
+def status(root: Path) -> int | None:
+    return running_pid(root / "run" / "prefect.pid")

@@ -1,0 +1,262 @@
+"""A real single-node Slurm cluster with accounting: munged, MariaDB, slurmdbd, slurmctld and
+slurmd, configured and kept under the stack directory (reference/slurm-local.md).
+
+The daemons run as root with their own sockets, ports, pid files and state, so nothing in
+/etc or /var/lib is edited and a second cluster can run beside the first on other ports.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+from deployments.stack.processes import (
+    StackError, port_open, run, running_pid, start_detached, stop, wait_until,
+)
+
+DB_NAME = "slurm_acct_db"
+DB_USER, DB_PASS = "slurm", "slurmdbpass"
+DAEMONS = ("munged", "mariadbd", "slurmdbd", "slurmctld", "slurmd")
+
+
+@dataclass(frozen=True)
+class SlurmLayout:
+    """Where everything of one cluster lives, and its ports."""
+
+    root: Path
+    base_port: int
+
+    @property
+    def conf(self) -> Path:
+        return self.root / "etc" / "slurm.conf"
+
+    @property
+    def dbd_conf(self) -> Path:
+        return self.root / "etc" / "slurmdbd.conf"
+
+    @property
+    def munge_socket(self) -> Path:
+        return self.root / "munge" / "munge.socket"
+
+    @property
+    def mysql_socket(self) -> Path:
+        return self.root / "mysql" / "mysqld.sock"
+
+    @property
+    def mysql_port(self) -> int:
+        return self.base_port + 3
+
+    def pid_file(self, daemon: str) -> Path:
+        return self.root / "run" / f"{daemon}.pid"
+
+    def log(self, daemon: str) -> Path:
+        return self.root / "log" / f"{daemon}.log"
+
+    @property
+    def env(self) -> dict[str, str]:
+        return {**os.environ, "SLURM_CONF": str(self.conf)}
+
+
+def installed() -> bool:
+    return all(shutil.which(p) for p in ("munged", "mariadbd", "slurmdbd", "slurmctld", "slurmd", "sbatch"))
+
+
+def _cpus_and_memory() -> tuple[int, int]:
+    # Declaring more CPUs than the machine has (config_overrides) lets tests run several
+    # multi-task jobs at once on 2 cores; memory is 90% of the real amount.
+    mem_kb = next(int(line.split()[1]) for line in open("/proc/meminfo") if line.startswith("MemTotal"))
+    return max(8, os.cpu_count() or 1), int(mem_kb / 1024 * 0.9)
+
+
+def write_config(layout: SlurmLayout) -> None:
+    for sub in ("etc", "state", "spool", "log", "run", "munge", "mysql"):
+        (layout.root / sub).mkdir(parents=True, exist_ok=True)
+    cpus, mem_mb = _cpus_and_memory()
+    r, port = layout.root, layout.base_port
+    auth = f"socket={layout.munge_socket}"
+    layout.conf.write_text(f"""\
+# Written by `pretrain stack`; settings explained in reference/slurm-local.md.
+ClusterName=pretrain
+SlurmctldHost=localhost
+SlurmctldPort={port}
+SlurmdPort={port + 1}
+SlurmUser=root
+SlurmdUser=root
+AuthType=auth/munge
+CredType=cred/munge
+AuthInfo={auth},cred_expire=5
+MpiDefault=none
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+ReturnToService=2
+SlurmctldPidFile={r}/run/slurmctld.pid
+SlurmdPidFile={r}/run/slurmd.pid
+StateSaveLocation={r}/state
+SlurmdSpoolDir={r}/spool
+SchedulerType=sched/backfill
+SchedulerParameters=bf_interval=1,sched_interval=2
+SelectType=select/cons_tres
+SelectTypeParameters=CR_CPU
+KillWait=5
+MinJobAge=60
+EnforcePartLimits=ALL
+MailProg=/bin/true
+AccountingStorageType=accounting_storage/slurmdbd
+AccountingStorageHost=localhost
+AccountingStoragePort={port + 2}
+# For the slurmdbd connection this names the munge socket (slurm.conf(5), AccountingStoragePass).
+AccountingStoragePass={layout.munge_socket}
+JobCompType=jobcomp/none
+JobAcctGatherType=jobacct_gather/none
+SlurmctldDebug=info
+SlurmctldLogFile={layout.log('slurmctld')}
+SlurmdDebug=info
+SlurmdLogFile={layout.log('slurmd')}
+SlurmdParameters=config_overrides
+NodeName=localhost NodeAddr=127.0.0.1 CPUs={cpus} RealMemory={mem_mb} State=UNKNOWN
+PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
+""")
+    layout.dbd_conf.write_text(f"""\
+AuthType=auth/munge
+AuthInfo={auth}
+DbdHost=localhost
+DbdPort={port + 2}
+DebugLevel=info
+LogFile={layout.log('slurmdbd')}
+PidFile={r}/run/slurmdbd.pid
+SlurmUser=root
+StorageType=accounting_storage/mysql
+StorageHost=127.0.0.1
+StoragePort={layout.mysql_port}
+StorageLoc={DB_NAME}
+StorageUser={DB_USER}
+StoragePass={DB_PASS}
+""")
+    layout.dbd_conf.chmod(0o600)  # slurmdbd refuses a readable file holding the DB password
+
+
+# ---------------------------------------------------------------- one function per daemon
+
+
+def _start_munged(layout: SlurmLayout) -> None:
+    key = layout.root / "munge" / "munge.key"
+    if not key.exists():
+        if Path("/etc/munge/munge.key").exists():
+            shutil.copyfile("/etc/munge/munge.key", key)
+        else:
+            run(["mungekey", "--create", f"--keyfile={key}"])
+        key.chmod(0o400)
+    # As root, munged needs --force (its log and socket are root-owned, which it calls insecure).
+    run(["munged", "--force", f"--socket={layout.munge_socket}", f"--key-file={key}",
+         f"--pid-file={layout.pid_file('munged')}", f"--log-file={layout.log('munged')}",
+         f"--seed-file={layout.root / 'munge' / 'munged.seed'}"])
+    wait_until(lambda: subprocess.run(["munge", "-n", "-S", str(layout.munge_socket)],
+                                      capture_output=True).returncode == 0,
+               10, "munged", layout.log("munged"))
+
+
+def _mysql(layout: SlurmLayout, sql: str) -> None:
+    run(["mariadb", "--no-defaults", "-S", str(layout.mysql_socket), "-u", "root", "-e", sql])
+
+
+def _start_mariadbd(layout: SlurmLayout) -> None:
+    data = layout.root / "mysql" / "data"
+    if not (data / "mysql").exists():
+        run(["mariadb-install-db", "--no-defaults", f"--datadir={data}", "--user=root",
+             "--auth-root-authentication-method=socket", "--skip-test-db"])
+    start_detached(["mariadbd", "--no-defaults", f"--datadir={data}", "--user=root",
+                    f"--socket={layout.mysql_socket}", "--bind-address=127.0.0.1",
+                    f"--port={layout.mysql_port}", "--skip-name-resolve",
+                    f"--pid-file={layout.root / 'mysql' / 'mysqld.pid'}",
+                    f"--log-error={layout.log('mariadbd')}"],
+                   layout.log("mariadbd-stdout"), layout.pid_file("mariadbd"))
+    wait_until(lambda: subprocess.run(["mariadb-admin", "--no-defaults", "-S", str(layout.mysql_socket),
+                                       "--silent", "ping"], capture_output=True).returncode == 0,
+               60, "mariadbd", layout.log("mariadbd"))
+    _mysql(layout, f"CREATE USER IF NOT EXISTS '{DB_USER}'@'127.0.0.1' IDENTIFIED BY '{DB_PASS}'; "
+                   f"GRANT ALL ON {DB_NAME}.* TO '{DB_USER}'@'127.0.0.1';")
+
+
+def _start_slurmdbd(layout: SlurmLayout) -> None:
+    run(["slurmdbd"], env=layout.env)
+    wait_until(lambda: port_open(layout.base_port + 2), 30, "slurmdbd", layout.log("slurmdbd"))
+
+
+def _node_state(layout: SlurmLayout) -> str:
+    out = subprocess.run(["sinfo", "-h", "-n", "localhost", "-o", "%t"], capture_output=True,
+                         text=True, env=layout.env)
+    return out.stdout.strip()
+
+
+def _start_slurmctld(layout: SlurmLayout) -> None:
+    run(["slurmctld"], env=layout.env)
+
+
+def _start_slurmd(layout: SlurmLayout) -> None:
+    run(["slurmd", "-N", "localhost"], env=layout.env)
+
+
+STARTERS = {"munged": _start_munged, "mariadbd": _start_mariadbd, "slurmdbd": _start_slurmdbd,
+            "slurmctld": _start_slurmctld, "slurmd": _start_slurmd}
+
+
+def up(layout: SlurmLayout) -> dict[str, int]:
+    if not installed():
+        raise StackError("Slurm is not installed here: run `make system-deps` as root "
+                         "(deployments/stack/install-debian.sh installs Debian's slurmctld slurmd "
+                         "slurm-client munge slurmdbd mariadb-server)")
+    if os.geteuid() != 0:
+        raise StackError("the local Slurm cluster runs its daemons as root; run as root")
+    write_config(layout)
+    for daemon in DAEMONS:
+        if running_pid(layout.pid_file(daemon)) is None:
+            STARTERS[daemon](layout)
+    _wait_idle(layout)
+    return {d: running_pid(layout.pid_file(d)) for d in DAEMONS}
+
+
+def _wait_idle(layout: SlurmLayout) -> None:
+    log = layout.log("slurmctld")
+    try:
+        wait_until(lambda: _node_state(layout) in ("idle", "mix", "alloc"), 15, "the Slurm node", log)
+    except StackError:
+        # A DRAIN reason saved before a crash survives restarts (reference/slurm-local.md §8).
+        subprocess.run(["scontrol", "update", "nodename=localhost", "state=resume"],
+                       capture_output=True, env=layout.env)
+        wait_until(lambda: _node_state(layout) in ("idle", "mix", "alloc"), 30,
+                   f"the Slurm node (state {_node_state(layout)!r})", log)
+
+
+def cancel_all_jobs(layout: SlurmLayout) -> None:
+    if running_pid(layout.pid_file("slurmctld")) is None:
+        return
+    ids = subprocess.run(["squeue", "-h", "-o", "%i"], capture_output=True, text=True,
+                         env=layout.env).stdout.split()
+    if ids:
+        subprocess.run(["scancel", *ids], capture_output=True, env=layout.env)
+        wait_until(lambda: not subprocess.run(["squeue", "-h", "-o", "%i"], capture_output=True,
+                                              text=True, env=layout.env).stdout.split(),
+                   60, "cancelling the remaining jobs", layout.log("slurmctld"))
+
+
+def down(layout: SlurmLayout) -> list[str]:
+    cancel_all_jobs(layout)
+    return [d for d in reversed(DAEMONS) if stop(layout.pid_file(d))]
+
+
+def drop_accounting(layout: SlurmLayout) -> None:
+    """Wipe controller state and accounting together: job ids restart at 1, and no old
+    accounting row can answer for a new job with the same id."""
+    shutil.rmtree(layout.root / "state", ignore_errors=True)
+    shutil.rmtree(layout.root / "spool", ignore_errors=True)
+    for daemon in ("munged", "mariadbd"):
+        if running_pid(layout.pid_file(daemon)) is None:
+            STARTERS[daemon](layout)
+    _mysql(layout, f"DROP DATABASE IF EXISTS {DB_NAME};")
+
+
+def status(layout: SlurmLayout) -> dict[str, int | None]:
+    return {d: running_pid(layout.pid_file(d)) for d in DAEMONS}
