@@ -1,0 +1,107 @@
+"""`pretrain stack` lifecycle on a second, isolated stack (own directory and ports), so the
+stack the rest of the suite uses is never disturbed."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+
+import boto3
+import pytest
+
+from deployments import stack
+from deployments.stack.processes import alive
+
+BASE_PORT = 7817
+
+
+@pytest.fixture(scope="module")
+def second_stack(tmp_path_factory):
+    root = tmp_path_factory.mktemp("stack")
+    yield root
+    stack.down(root)
+
+
+def slurm_env(root) -> dict[str, str]:
+    return {**os.environ, "SLURM_CONF": stack.environment(root)["SLURM_CONF"]}
+
+
+def sbatch_and_wait(root, script: str = "hostname") -> str:
+    env = slurm_env(root)
+    job_id = subprocess.run(["sbatch", "--parsable", "-o", "/dev/null", "--wrap", script], env=env,
+                            capture_output=True, text=True, check=True).stdout.strip()
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        out = subprocess.run(["sacct", "-X", "-n", "-P", "-o", "State", "-j", job_id], env=env,
+                             capture_output=True, text=True).stdout.strip()
+        if out == "COMPLETED":
+            return job_id
+        time.sleep(0.3)
+    raise AssertionError(f"job {job_id} did not complete (sacct: {out!r})")
+
+
+def all_pids(state: dict) -> list[int]:
+    return [pid for pids in state.values() for pid in pids.values()]
+
+
+def test_up_starts_every_component_and_is_idempotent(second_stack):
+    stack.up(second_stack, base_port=BASE_PORT)
+    first = stack.status(second_stack)
+    assert all(all_pids(first)), first
+    env = stack.environment(second_stack)
+    assert env["SLURM_CONF"].startswith(str(second_stack))
+    assert sbatch_and_wait(second_stack)
+    started = time.monotonic()
+    stack.up(second_stack)
+    assert time.monotonic() - started < 5
+    assert stack.status(second_stack) == first
+
+    s3 = boto3.client("s3", endpoint_url=env["PRETRAIN_S3_ENDPOINT"], region_name="us-east-1",
+                      aws_access_key_id="x", aws_secret_access_key="x")
+    s3.create_bucket(Bucket="stack-test")
+    s3.put_object(Bucket="stack-test", Key="k", Body=b"v")
+    assert s3.get_object(Bucket="stack-test", Key="k")["Body"].read() == b"v"
+    with urllib.request.urlopen(env["PREFECT_API_URL"] + "/health", timeout=5) as resp:
+        assert json.loads(resp.read()) is True
+
+
+def test_up_recovers_after_a_daemon_is_killed(second_stack):
+    stack.up(second_stack, base_port=BASE_PORT)
+    victim = stack.status(second_stack)["slurm"]["slurmctld"]
+    os.kill(victim, signal.SIGKILL)
+    time.sleep(0.5)
+    stack.up(second_stack)
+    state = stack.status(second_stack)
+    assert state["slurm"]["slurmctld"] not in (None, victim)
+    assert sbatch_and_wait(second_stack)
+
+
+def test_reset_restarts_job_ids_with_no_stale_accounting(second_stack):
+    stack.up(second_stack, base_port=BASE_PORT)
+    sbatch_and_wait(second_stack)
+    stack.reset(second_stack, components=("slurm",))
+    env = slurm_env(second_stack)
+    assert subprocess.run(["sacct", "-X", "-n", "-P", "-o", "JobID", "-S", "2000-01-01"], env=env,
+                          capture_output=True, text=True, check=True).stdout.strip() == ""
+    assert sbatch_and_wait(second_stack) == "1"
+
+
+def test_command_line_status_env_and_down(second_stack):
+    stack.up(second_stack, base_port=BASE_PORT)
+    cli = [sys.executable, "-m", "pretrain.cli", "stack"]
+    status = subprocess.run([*cli, "status", "--dir", str(second_stack)], capture_output=True, text=True)
+    assert status.returncode == 0 and "slurm    up" in status.stdout
+    env = subprocess.run([*cli, "env", "--dir", str(second_stack)], capture_output=True, text=True, check=True)
+    assert f"export SLURM_CONF={second_stack}" in env.stdout
+    pids = all_pids(stack.status(second_stack))
+    down = subprocess.run([*cli, "down", "--dir", str(second_stack)], capture_output=True, text=True, check=True)
+    assert "slurmctld" in down.stdout and "prefect" in down.stdout
+    time.sleep(0.5)
+    assert not any(alive(pid) for pid in pids)
+    after = subprocess.run([*cli, "status", "--dir", str(second_stack)], capture_output=True, text=True)
+    assert after.returncode == 1 and "DOWN" in after.stdout
