@@ -23,6 +23,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 import submitit
+from prefect.exceptions import MissingContextError
+from prefect.logging import get_run_logger
 
 from blocks.cluster import SlurmCluster
 
@@ -248,9 +250,8 @@ class LogFollower:
 
 
 def _logger() -> logging.Logger | logging.LoggerAdapter:
-    from prefect.exceptions import MissingContextError
-    from prefect.logging import get_run_logger
-
+    """The Prefect run's logger inside a flow or task (so job logs land in the UI), else a
+    plain one for scripts and tests."""
     try:
         return get_run_logger()
     except MissingContextError:

@@ -11,6 +11,8 @@ import time
 
 import pytest
 import submitit
+from prefect import flow, get_client, task
+from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
 
 from blocks.cluster import SlurmCluster
 from pretrain.command import Command
@@ -79,12 +81,23 @@ def test_time_limit_is_required():
 # ---------------------------------------------------------------- real cluster
 
 
-def test_success_returns_and_streams_the_log(local_stack, shared_dir, caplog):
-    caplog.set_level("INFO")
-    results = run_job(JobRequest("hello", bash("echo hello from $SLURM_JOB_ID"), time_limit_min=2),
-                      SLURM, shared_dir, poll_s=0.5)
-    assert results == [0]
-    assert any("hello from" in r.getMessage() for r in caplog.records)
+def test_success_returns_and_streams_the_log_into_the_prefect_task_log(local_stack, shared_dir):
+    @task
+    def hello() -> list:
+        return run_job(JobRequest("hello", bash("echo hello from job $SLURM_JOB_ID"), time_limit_min=2),
+                       SLURM, shared_dir, poll_s=0.5)
+
+    @flow
+    def hello_flow() -> list:
+        return hello()
+
+    state = hello_flow(return_state=True)
+    assert state.result() == [0]
+    with get_client(sync_client=True) as client:
+        logs = client.read_logs(log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(
+            any_=[state.state_details.flow_run_id])))
+    streamed = [log for log in logs if "hello from job" in log.message]
+    assert streamed and streamed[0].task_run_id is not None
 
 
 def test_failing_command_reports_state_exit_code_and_last_lines(local_stack, shared_dir):
