@@ -1,0 +1,21 @@
+"""Node programs: ``python -m trainer tokenize ...`` (and later convert, train).
+
+They read their arguments, write their outputs and a JSON record, and never import Prefect,
+so they run the same by hand as under the pipeline.
+"""
+
+import sys
+
+
+def main() -> int:
+    commands = {"tokenize": "trainer.tokenize"}
+    if len(sys.argv) < 2 or sys.argv[1] not in commands:
+        print(f"usage: python -m trainer {{{','.join(commands)}}} ...", file=sys.stderr)
+        return 2
+    import importlib
+
+    return importlib.import_module(commands[sys.argv[1]]).main(sys.argv[2:])
+
+
+if __name__ == "__main__":
+    sys.exit(main())
