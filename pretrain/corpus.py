@@ -22,13 +22,23 @@ def _docstrings(tree: ast.AST) -> Iterator[str]:
                 yield doc
 
 
-def documents(limit_bytes: int | None = None) -> Iterator[dict[str, str]]:
-    """``{"text", "source"}`` records in a fixed order (sorted paths), until ``limit_bytes``."""
-    stdlib = Path(sysconfig.get_paths()["stdlib"])
-    total = 0
+def python_files(include_site_packages: bool = False) -> Iterator[tuple[Path, Path]]:
+    """(root, file) of the standard library's sources, then optionally the installed packages'."""
+    paths = sysconfig.get_paths()
+    stdlib = Path(paths["stdlib"])
     for path in sorted(stdlib.rglob("*.py")):
-        if "site-packages" in path.parts or "test" in path.parts:
-            continue
+        if "site-packages" not in path.parts and "test" not in path.parts:
+            yield stdlib, path
+    if include_site_packages:
+        site = Path(paths["purelib"])
+        for path in sorted(site.rglob("*.py")):
+            yield site, path
+
+
+def documents(limit_bytes: int | None = None, include_site_packages: bool = False) -> Iterator[dict[str, str]]:
+    """``{"text", "source"}`` records in a fixed order (sorted paths), until ``limit_bytes``."""
+    total = 0
+    for root, path in python_files(include_site_packages):
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
@@ -38,18 +48,18 @@ def documents(limit_bytes: int | None = None) -> Iterator[dict[str, str]]:
         text = "\n\n".join(_docstrings(tree))
         if not text:
             continue
-        yield {"text": text, "source": path.relative_to(stdlib).as_posix()}
+        yield {"text": text, "source": path.relative_to(root).as_posix()}
         total += len(text.encode())
         if limit_bytes is not None and total >= limit_bytes:
             return
 
 
-def write_jsonl(path: Path, limit_bytes: int | None = None) -> int:
+def write_jsonl(path: Path, limit_bytes: int | None = None, include_site_packages: bool = False) -> int:
     """Write the corpus to ``path`` (temporary name, then rename); return the document count."""
     tmp = path.with_name(path.name + ".tmp")
     count = 0
     with open(tmp, "w", encoding="utf-8") as f:
-        for doc in documents(limit_bytes):
+        for doc in documents(limit_bytes, include_site_packages):
             f.write(json.dumps(doc, ensure_ascii=False) + "\n")
             count += 1
     tmp.replace(path)

@@ -185,28 +185,58 @@ def _exit_on_sigterm() -> None:
         signal.signal(signal.SIGTERM, lambda signum, _: sys.exit(128 + signum))
 
 
+def _job_dir(folder: Path, name: str) -> Path:
+    return Path(folder) / f"{name}-{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:6]}"
+
+
+def _executor(request: JobRequest, cluster: SlurmCluster, job_dir: Path) -> submitit.Executor:
+    if executor_kind(cluster) == "slurm":
+        executor = submitit.SlurmExecutor(folder=job_dir, python=cluster.python or sys.executable)
+        executor.update_parameters(**slurm_parameters(cluster, request))
+        return executor
+    if request.nodes != 1:
+        raise ValueError(f"{request.name}: the local executor runs 1 node, not {request.nodes}; "
+                         "use a Slurm cluster (cluster.executor='slurm')")
+    executor = submitit.LocalExecutor(folder=job_dir)
+    executor.update_parameters(timeout_min=request.time_limit_min, tasks_per_node=request.tasks_per_node,
+                               signal_delay_s=request.signal_delay_s)
+    return executor
+
+
 def submit(request: JobRequest, cluster: SlurmCluster, folder: Path) -> submitit.Job:
     """Submit ``request``; its scripts and logs go to a fresh directory under ``folder``.
 
     A fresh directory per submission keeps a reset cluster's reused job ids from finding an
     older job's result files.
     """
-    job_dir = Path(folder) / f"{request.name}-{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:6]}"
-    if executor_kind(cluster) == "slurm":
-        executor = submitit.SlurmExecutor(folder=job_dir, python=cluster.python or sys.executable)
-        executor.update_parameters(**slurm_parameters(cluster, request))
-    else:
-        if request.nodes != 1:
-            raise ValueError(f"{request.name}: the local executor runs 1 node, not {request.nodes}; "
-                             "use a Slurm cluster (cluster.executor='slurm')")
-        executor = submitit.LocalExecutor(folder=job_dir)
-        executor.update_parameters(timeout_min=request.time_limit_min,
-                                   tasks_per_node=request.tasks_per_node,
-                                   signal_delay_s=request.signal_delay_s)
+    executor = _executor(request, cluster, _job_dir(folder, request.name))
     _exit_on_sigterm()
     job = executor.submit(request.command)
     _active_jobs[job.job_id] = job
     return job
+
+
+def submit_array(requests: list[JobRequest], cluster: SlurmCluster, folder: Path) -> list[submitit.Job]:
+    """Submit same-shaped requests as one Slurm job array (one job each on the local executor)."""
+    executor = _executor(requests[0], cluster, _job_dir(folder, requests[0].name))
+    _exit_on_sigterm()
+    jobs = executor.submit_array([r.command for r in requests])
+    _active_jobs.update({job.job_id: job for job in jobs})
+    return jobs
+
+
+def run_array(requests: list[JobRequest], cluster: SlurmCluster, folder: Path, poll_s: float = 2.0,
+              max_wait_s: float | None = None) -> list[list[Any] | SlurmJobFailed]:
+    """Submit an array, follow every task, and return each one's results or failure; no array
+    task outlives this call."""
+    jobs = submit_array(requests, cluster, folder)
+    _logger().info("submitted %d x %s as %s", len(jobs), requests[0].name, ", ".join(j.job_id for j in jobs))
+    try:
+        return wait_all(jobs, [r.name for r in requests], poll_s=poll_s, max_wait_s=max_wait_s)
+    finally:
+        for job in jobs:
+            if job.job_id in _active_jobs:
+                cancel(job)
 
 
 def cancel(job: submitit.Job) -> None:
@@ -272,45 +302,69 @@ def _job_finished(job: submitit.Job, kind: str) -> SacctRecord | None:
     return None
 
 
-def wait(job: submitit.Job, name: str, poll_s: float = 2.0, max_wait_s: float | None = None) -> list[Any]:
-    """Follow ``job`` to its end, logging its output; return one result per task.
+def _outcome(job: submitit.Job, name: str, record: SacctRecord, follower: LogFollower) -> list[Any] | SlurmJobFailed:
+    """The per-task results of an ended job, or the failure that says why there are none."""
+    def failed(state: str, detail: str) -> SlurmJobFailed:
+        return SlurmJobFailed(job.job_id, name, state, detail, list(follower.tail),
+                              exit_code=record.exit_code, nodes=record.nodes, log_path=str(job.paths.stdout))
 
-    Raises :class:`SlurmJobFailed` with the reason as soon as the job ends without results.
-    """
-    logger = _logger()
-    kind = "local" if isinstance(job, submitit.LocalJob) else "slurm"
-    follower = LogFollower(job)
-    deadline = None if max_wait_s is None else time.monotonic() + max_wait_s
-    multi = job.num_tasks > 1
-
-    def stream() -> None:
-        for task, line in follower.read_new():
-            logger.info("[%s%s] %s", job.job_id, f".{task}" if multi else "", line)
-
-    while (record := _job_finished(job, kind)) is None:
-        stream()
-        if deadline is not None and time.monotonic() > deadline:
-            cancel(job)
-            raise SlurmJobFailed(job.job_id, name, "CANCELLED", f"no result after {max_wait_s:.0f} s",
-                                 list(follower.tail), log_path=str(job.paths.stdout))
-        time.sleep(poll_s)
-    # The last lines reach the log file just before the job ends.
-    time.sleep(0.2)
-    stream()
-    _active_jobs.pop(job.job_id, None)
-    has_results = all(job.task(i).paths.result_pickle.exists() for i in range(job.num_tasks))
-    if kind == "slurm" and not has_results:
-        raise SlurmJobFailed(job.job_id, name, record.state, "", list(follower.tail),
-                             exit_code=record.exit_code, nodes=record.nodes,
-                             log_path=str(job.paths.stdout))
+    if not isinstance(job, submitit.LocalJob) and not all(
+            job.task(i).paths.result_pickle.exists() for i in range(job.num_tasks)):
+        return failed(record.state, "")
     try:
         return job.results()
     except (submitit.core.utils.FailedJobError, submitit.core.utils.UncompletedJobError) as exc:
-        state = record.state if record.state in TERMINAL_STATES else "FAILED"
         reason = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
-        raise SlurmJobFailed(job.job_id, name, state, reason, list(follower.tail),
-                             exit_code=record.exit_code, nodes=record.nodes,
-                             log_path=str(job.paths.stdout)) from None
+        return failed(record.state if record.state in TERMINAL_STATES else "FAILED", reason)
+
+
+def wait_all(jobs: list[submitit.Job], names: list[str], poll_s: float = 2.0,
+             max_wait_s: float | None = None) -> list[list[Any] | SlurmJobFailed]:
+    """Follow ``jobs`` (an array's tasks, say) to their ends, logging their output.
+
+    Returns, per job, its per-task results or the :class:`SlurmJobFailed` that ended it, so the
+    caller can keep what succeeded and retry only what failed.
+    """
+    logger = _logger()
+    followers = [LogFollower(job) for job in jobs]
+    outcomes: list[list[Any] | SlurmJobFailed | None] = [None] * len(jobs)
+    deadline = None if max_wait_s is None else time.monotonic() + max_wait_s
+
+    def stream(i: int) -> None:
+        job = jobs[i]
+        for task, line in followers[i].read_new():
+            logger.info("[%s%s] %s", job.job_id, f".{task}" if job.num_tasks > 1 else "", line)
+
+    pending = list(range(len(jobs)))
+    while pending:
+        for i in list(pending):
+            kind = "local" if isinstance(jobs[i], submitit.LocalJob) else "slurm"
+            stream(i)
+            if (record := _job_finished(jobs[i], kind)) is not None:
+                time.sleep(0.2)  # the last lines reach the log just before the job ends
+                stream(i)
+                _active_jobs.pop(jobs[i].job_id, None)
+                outcomes[i] = _outcome(jobs[i], names[i], record, followers[i])
+                pending.remove(i)
+        if pending and deadline is not None and time.monotonic() > deadline:
+            for i in pending:
+                cancel(jobs[i])
+                outcomes[i] = SlurmJobFailed(jobs[i].job_id, names[i], "CANCELLED",
+                                             f"no result after {max_wait_s:.0f} s", list(followers[i].tail),
+                                             log_path=str(jobs[i].paths.stdout))
+            break
+        if pending:
+            time.sleep(poll_s)
+    return outcomes  # type: ignore[return-value]
+
+
+def wait(job: submitit.Job, name: str, poll_s: float = 2.0, max_wait_s: float | None = None) -> list[Any]:
+    """Follow one job to its end; its per-task results, or :class:`SlurmJobFailed` with the reason
+    as soon as it ends without them."""
+    (outcome,) = wait_all([job], [name], poll_s, max_wait_s)
+    if isinstance(outcome, SlurmJobFailed):
+        raise outcome
+    return outcome
 
 
 def run_job(request: JobRequest, cluster: SlurmCluster, folder: Path, poll_s: float = 2.0,

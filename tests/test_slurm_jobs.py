@@ -17,7 +17,7 @@ from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
 from blocks.cluster import SlurmCluster
 from pretrain.command import Command
 from tasks.slurm import (
-    JobRequest, SlurmJobFailed, parse_sacct, run_job, slurm_parameters, submit, wait,
+    JobRequest, SlurmJobFailed, parse_sacct, run_array, run_job, slurm_parameters, submit, wait,
 )
 
 SLURM = SlurmCluster(executor="slurm")
@@ -93,10 +93,15 @@ def test_success_returns_and_streams_the_log_into_the_prefect_task_log(local_sta
 
     state = hello_flow(return_state=True)
     assert state.result() == [0]
-    with get_client(sync_client=True) as client:
-        logs = client.read_logs(log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(
-            any_=[state.state_details.flow_run_id])))
-    streamed = [log for log in logs if "hello from job" in log.message]
+    deadline = time.monotonic() + 30  # Prefect ships logs to the API in the background
+    while True:
+        with get_client(sync_client=True) as client:
+            logs = client.read_logs(log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(
+                any_=[state.state_details.flow_run_id])))
+        streamed = [log for log in logs if "hello from job" in log.message]
+        if streamed or time.monotonic() > deadline:
+            break
+        time.sleep(1)
     assert streamed and streamed[0].task_run_id is not None
 
 
@@ -187,3 +192,13 @@ def test_local_executor_runs_and_reports_failures(shared_dir):
         run_job(JobRequest("local-bad", bash("echo broken >&2; exit 4"), time_limit_min=2), LOCAL,
                 shared_dir, poll_s=0.2)
     assert "exit code 4" in str(info.value) and "broken" in str(info.value)
+
+
+def test_array_returns_each_tasks_outcome_so_only_failures_are_retried(local_stack, shared_dir):
+    requests = [JobRequest("shard", bash(script), time_limit_min=2)
+                for script in ("echo shard 0", "echo shard 1 broke >&2; exit 5", "echo shard 2")]
+    outcomes = run_array(requests, SLURM, shared_dir, poll_s=0.5)
+    assert outcomes[0] == [0] and outcomes[2] == [0]
+    assert isinstance(outcomes[1], SlurmJobFailed)
+    assert "exit code 5" in str(outcomes[1]) and "shard 1 broke" in str(outcomes[1])
+    assert outcomes[1].job_id.endswith("_1")  # one Slurm array, task 1
