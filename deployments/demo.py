@@ -17,7 +17,9 @@ import boto3
 import zstandard
 
 from deployments import stack
-from pretrain.corpus import write_jsonl
+from pretrain.corpus import corpus_texts, write_jsonl
+from pretrain.presets import load_spec
+from pretrain.toy_tokenizers import llama3_style
 
 BUCKET = "pretrain-demo"
 CREDENTIALS_BLOCK = "local-s3"
@@ -39,6 +41,14 @@ def seed_corpus(endpoint: str) -> None:
                   Body=zstandard.ZstdCompressor().compress(b"".join(lines[half:])))
 
 
+def ensure_tokenizer() -> Path:
+    """The tiny-local preset's tokenizer: a Llama-3-shaped BPE trained on the demo corpus."""
+    directory = Path(load_spec("tiny-local").tokenizer.path).expanduser()
+    if not (directory / "tokenizer.json").exists():
+        llama3_style(directory, corpus_texts())
+    return directory
+
+
 def save_credentials_block(endpoint: str) -> None:
     from prefect_aws import AwsClientParameters, AwsCredentials
 
@@ -55,7 +65,7 @@ def show_artifacts(flow_run_id) -> None:
     with get_client(sync_client=True) as client:
         artifacts = client.read_artifacts(
             artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run_id])))
-    for artifact in artifacts:
+    for artifact in (a for a in artifacts if a.key):  # keyless ones are Prefect's result records
         print(f"\nartifact {artifact.key} ({artifact.type}): {artifact.description}")
         data = json.loads(artifact.data) if artifact.type == "table" else artifact.data
         if isinstance(data, list) and data:
@@ -77,6 +87,7 @@ def main() -> int:
         os.environ["SLURM_CONF"] = stack.environment()["SLURM_CONF"]
     seed_corpus(endpoint)
     save_credentials_block(endpoint)
+    ensure_tokenizer()
 
     from flows.pretrain import pretrain
 

@@ -1,6 +1,7 @@
 """The `pretrain` flow: the runbook from raw data to a trained model, one task per stage.
 
 1. fetch: every data source of the spec to a content-addressed directory on the shared disk.
+2. tokenize: the fetched JSONL to a Megatron indexed dataset, as a Slurm array and a merge.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from prefect import flow
 
 from pretrain.presets import load_spec
 from tasks.fetch import fetch
+from tasks.tokenize import tokenize
 
 
 @flow(name="pretrain", log_prints=True)
@@ -17,4 +19,5 @@ def pretrain(preset: str = "tiny-local", overrides: list[str] | None = None) -> 
     overrides such as ``training.train_steps=100``."""
     spec = load_spec(preset, overrides or [])
     data_dir = fetch(spec)
-    return {"fetch": data_dir}
+    dataset = tokenize(spec, data_dir)
+    return {"fetch": data_dir, "tokenize": dataset}

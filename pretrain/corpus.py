@@ -54,6 +54,10 @@ def documents(limit_bytes: int | None = None, include_site_packages: bool = Fals
             return
 
 
+def corpus_texts(limit_bytes: int | None = None) -> list[str]:
+    return [d["text"] for d in documents(limit_bytes)]
+
+
 def write_jsonl(path: Path, limit_bytes: int | None = None, include_site_packages: bool = False) -> int:
     """Write the corpus to ``path`` (temporary name, then rename); return the document count."""
     tmp = path.with_name(path.name + ".tmp")

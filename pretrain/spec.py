@@ -34,6 +34,8 @@ class DataSpec(Strict):
                                       "already tokenized .bin/.idx files.")
     json_keys: list[str] = Field(["text"], description="JSON keys holding the text (Megatron --json-keys).")
     split: str = Field("969,30,1", description="train,valid,test weights, Megatron style.")
+    tokenize_shards: int | None = Field(None, gt=0, description="Slurm array tasks for tokenize; "
+                                        "default one per 256 MB of input.")
 
     @field_validator("split")
     @classmethod

@@ -379,3 +379,16 @@ def run_job(request: JobRequest, cluster: SlurmCluster, folder: Path, poll_s: fl
     finally:
         if job.job_id in _active_jobs:  # left by an exception: a cancelled flow, a crash
             cancel(job)
+
+
+def cluster_for(spec: Any) -> SlurmCluster:
+    """The spec's SlurmCluster block (or the defaults), with the spec's executor choice."""
+    cluster = SlurmCluster.load(spec.cluster.block) if spec.cluster.block else SlurmCluster()
+    if spec.cluster.executor != "auto":
+        cluster = cluster.model_copy(update={"executor": spec.cluster.executor})
+    return cluster
+
+
+def job_folder(spec: Any, cluster: SlurmCluster) -> Path:
+    """Where job scripts and logs go: the block's shared folder, else ``<paths.root>/jobs``."""
+    return Path(cluster.job_folder or Path(spec.paths.root) / "jobs").expanduser()

@@ -8,23 +8,59 @@ import subprocess
 import sys
 from pathlib import Path
 
-from deployments.demo import seed_corpus, save_credentials_block
+import pytest
+from megatron.core.datasets.indexed_dataset import IndexedDataset
+
+from deployments.demo import save_credentials_block, seed_corpus
 from flows.pretrain import pretrain
+from pretrain.corpus import corpus_texts
+from pretrain.toy_tokenizers import llama3_style
+from trainer.tokenizer import load_tokenizer
 
 PRETRAIN = [sys.executable, "-m", "pretrain.cli"]
 
 
-def test_tiny_local_fetches_the_demo_corpus(s3_endpoint, tmp_path):
+@pytest.fixture(scope="module")
+def demo_tokenizer(tmp_path_factory) -> Path:
+    return llama3_style(tmp_path_factory.mktemp("tok"), corpus_texts())
+
+
+def read_artifacts(state) -> dict:
+    from prefect import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId
+
+    with get_client(sync_client=True) as client:
+        artifacts = client.read_artifacts(artifact_filter=ArtifactFilter(
+            flow_run_id=ArtifactFilterFlowRunId(any_=[state.state_details.flow_run_id])))
+    return {a.key: a for a in artifacts}
+
+
+def test_tiny_local_fetches_and_tokenizes_the_demo_corpus_on_slurm(s3_endpoint, demo_tokenizer, tmp_path):
     seed_corpus(s3_endpoint)
     save_credentials_block(s3_endpoint)
-    state = pretrain(preset="tiny-local", overrides=[f"paths.root={tmp_path}"], return_state=True)
+    overrides = [f"paths.root={tmp_path}", f"tokenizer.path={demo_tokenizer}", "cluster.executor=slurm",
+                 "data.tokenize_shards=2"]
+    state = pretrain(preset="tiny-local", overrides=overrides, return_state=True)
     assert state.is_completed(), state.message
     out = Path(state.result()["fetch"])
     assert out.parent == tmp_path / "fetch"
     names = sorted(p.name for p in out.glob("*.jsonl"))
     assert names == ["part-00000.jsonl", "part-00001.jsonl"]  # the .zst shard was unpacked
-    docs = [json.loads(line) for name in names for line in (out / name).read_text().splitlines()]
-    assert len(docs) > 100 and all(d["text"] for d in docs)
+    texts = [json.loads(line)["text"] for name in names for line in (out / name).read_text().splitlines()]
+
+    dataset = IndexedDataset(state.result()["tokenize"])
+    tokenizer = load_tokenizer("hf", model=str(demo_tokenizer))
+    assert len(dataset) == len(texts)
+    assert tokenizer._hf.decode(dataset[len(texts) - 1].tolist(), skip_special_tokens=True) == texts[-1]
+    artifacts = read_artifacts(state)
+    rows = json.loads(artifacts["tiny-local-tokenize"].data)
+    assert [r["shard"] for r in rows] == ["0/2", "1/2"]  # a real 2-task Slurm array
+    assert sum(r["documents"] for r in rows) == len(texts)
+    assert state.result()["tokenize"] in artifacts["tiny-local-dataset"].data
+
+    again = pretrain(preset="tiny-local", overrides=overrides, return_state=True)
+    assert again.result() == state.result()
+    assert "nothing submitted" in read_artifacts(again)["tiny-local-tokenize"].description
 
 
 def test_demo_command_runs_the_flow_and_shows_the_fetch_artifact(local_stack, tmp_path):
@@ -34,6 +70,7 @@ def test_demo_command_runs_the_flow_and_shows_the_fetch_artifact(local_stack, tm
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert "artifact tiny-local-fetch (table)" in out.stdout
     assert "part-00001.jsonl" in out.stdout
+    assert "artifact tiny-local-tokenize (table)" in out.stdout
     assert "pretrain flow: Completed" in out.stdout
 
 

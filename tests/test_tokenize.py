@@ -16,7 +16,8 @@ import pytest
 import zstandard
 from megatron.core.datasets.indexed_dataset import IndexedDataset, IndexedDatasetBuilder
 
-from tests.tokenizer_assets import corpus_texts, gpt2_style, llama3_style, sentencepiece_model
+from pretrain.corpus import corpus_texts
+from pretrain.toy_tokenizers import gpt2_style, llama3_style, sentencepiece_model
 from trainer.indexed_dataset import optimal_dtype
 from trainer.tokenizer import load_tokenizer
 

@@ -140,6 +140,7 @@ def tokenize(args: argparse.Namespace) -> dict:
         "dtype": dtype.name, "vocab_size": tokenizer.vocab_size, "engine": tokenizer.engine,
         "tokenizer_sha256": tokenizer.fingerprint, "shard": f"{shard[0]}/{shard[1]}",
         "skipped_records": skipped, "seconds": round(seconds, 3),
+        "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime()) + f".{time.time_ns() % 10**9:09d}Z",
         "docs_per_s": round(counts["documents"] / seconds, 1),
         "mb_per_s": round(counts["input_bytes"] / seconds / 1e6, 2),
     }
@@ -187,6 +188,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--engine", choices=["auto", "gigatoken", "hf"], default="auto")
     p.add_argument("--workers", type=int, help="threads (default: the CPUs this job may use)")
     p.add_argument("--log-interval", type=int, default=10000)
+    p.add_argument("--record", help="also write the JSON record to this file (atomically)")
     return p
 
 
@@ -210,5 +212,10 @@ def main(argv: list[str]) -> int:
     except (BadRecord, TokenizerError, ValueError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    print(json.dumps(record))
+    line = json.dumps(record)
+    if getattr(args, "record", None):
+        tmp = Path(f"{args.record}.tmp")
+        tmp.write_text(line + "\n")
+        os.replace(tmp, args.record)  # its presence means the shard is complete
+    print(line)
     return 0

@@ -1,4 +1,5 @@
-"""Small real tokenizers trained on the machine's own text, for the tokenize tests."""
+"""Small real tokenizers trained on the machine's own text: the demo's tokenizer and the
+tests', so nothing is ever downloaded."""
 
 from __future__ import annotations
 
@@ -6,12 +7,6 @@ import json
 from pathlib import Path
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
-
-from pretrain.corpus import documents
-
-
-def corpus_texts(limit_bytes: int | None = None) -> list[str]:
-    return [d["text"] for d in documents(limit_bytes)]
 
 
 def _byte_level_bpe(texts: list[str], vocab_size: int, specials: list[str]) -> Tokenizer:

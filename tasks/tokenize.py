@@ -1,0 +1,147 @@
+"""tokenize: the fetched JSONL to Megatron indexed datasets, as a Slurm job array over byte-range
+shards followed by a merge job.
+
+The output key is built from the fetched input's manifest key, the tokenizer files' sha256,
+the options that change the bytes and the code version. Each finished shard leaves its JSON
+record in the staging directory, so a retry resubmits only the shards that failed.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import sys
+from pathlib import Path
+from typing import Any
+
+from prefect import task
+from prefect.artifacts import create_markdown_artifact, create_table_artifact
+from prefect.logging import get_run_logger
+
+from pretrain import manifest
+from pretrain.command import Command
+from pretrain.spec import PretrainSpec
+from tasks.artifacts import artifact_key
+from tasks.slurm import JobRequest, SlurmJobFailed, cluster_for, job_folder, run_array, run_job
+
+TOKENIZE_FORMAT = 1  # bump when the layout of tokenize outputs changes
+SHARD_BYTES = 256 << 20  # input per array task when the spec does not fix the shard count
+MAX_SHARDS = 64
+DATA_PREFIX = "data"
+
+
+class TokenizeFailed(RuntimeError):
+    pass
+
+
+def tokenizer_files(spec: PretrainSpec, data_dir: Path) -> dict[str, Path]:
+    """The tokenizer's local files; a URI is looked up by name among the fetched files."""
+    t = spec.tokenizer
+    named = ({"--vocab-file": t.vocab_file, "--merge-file": t.merges_file} if t.type == "gpt2-bpe"
+             else {"--tokenizer-model": t.path})
+    files = {}
+    for flag, value in named.items():
+        local = Path(value).expanduser()
+        if "://" in value:
+            local = data_dir / Path(value).name
+        if not local.exists():
+            raise TokenizeFailed(f"tokenizer file {value} not found (looked at {local}); fix tokenizer in the "
+                                 "spec, or add the URI to data.sources so fetch brings it")
+        files[flag] = local
+    return files
+
+
+def _fingerprint(path: Path) -> str:
+    parts = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
+    return manifest.stable_hash([(p.name, manifest.file_sha256(p)) for p in parts])
+
+
+def jsonl_inputs(data_dir: Path) -> list[Path]:
+    files = sorted(p for p in data_dir.rglob("*") if p.is_file() and ".jsonl" in p.name)
+    if not files:
+        raise TokenizeFailed(f"{data_dir}: no JSONL files to tokenize")
+    return files
+
+
+def shard_count(spec: PretrainSpec, input_bytes: int) -> int:
+    return spec.data.tokenize_shards or max(1, min(MAX_SHARDS, math.ceil(input_bytes / SHARD_BYTES)))
+
+
+@task(name="tokenize", retries=2, retry_delay_seconds=10)
+def tokenize(spec: PretrainSpec, data_dir: str) -> str:
+    """Tokenize the fetched corpus; return the dataset prefix (``.../data_text_document``)."""
+    logger = get_run_logger()
+    data = Path(data_dir)
+    inputs = jsonl_inputs(data)
+    tok_files = tokenizer_files(spec, data)
+    fetched = json.loads((data / manifest.MANIFEST).read_text())
+    options = {"type": spec.tokenizer.type, "json_keys": spec.data.json_keys,
+               "append_eod": spec.tokenizer.append_eod}
+    key = manifest.stable_hash({
+        "format": TOKENIZE_FORMAT, "input": fetched["key"], "files": [p.relative_to(data).as_posix() for p in inputs],
+        "tokenizer": {flag: _fingerprint(p) for flag, p in tok_files.items()}, "options": options,
+        "code": manifest.code_version(),
+    })
+    final = manifest.output_dir(spec.paths.root, "tokenize", key)
+    prefixes = [f"{final / DATA_PREFIX}_{k}_document" for k in spec.data.json_keys]
+    if (cached := manifest.load_valid(final, key)) is not None:
+        logger.info("tokenize: %s is complete (manifest valid); nothing submitted", final)
+        _publish(spec, cached, prefixes, cached=True)
+        return prefixes[0]
+
+    input_bytes = sum(p.stat().st_size for p in inputs)
+    shards = shard_count(spec, input_bytes)
+    cluster = cluster_for(spec)
+    folder = job_folder(spec, cluster)
+    with manifest.staged_output(final) as staging:
+        parts = staging / "parts"
+        parts.mkdir(exist_ok=True)
+        base = [sys.executable, "-m", "trainer", "tokenize", "--input", *map(str, inputs),
+                "--tokenizer-type", spec.tokenizer.type, "--json-keys", *spec.data.json_keys,
+                *[str(x) for pair in tok_files.items() for x in pair]]
+        if spec.tokenizer.append_eod:
+            base.append("--append-eod")
+        todo = [i for i in range(shards) if not (parts / f"shard-{i}.json").exists()]
+        logger.info("tokenize: %.1f MB in %d files as %d shards (%d to run)", input_bytes / 1e6,
+                    len(inputs), shards, len(todo))
+        requests = [JobRequest(f"tokenize-{i}-of-{shards}", Command(
+            [*base, "--output-prefix", str(parts / f"shard-{i}"), "--shard", f"{i}/{shards}",
+             "--record", str(parts / f"shard-{i}.json")]),
+            time_limit_min=spec.cluster.time_limit_min, cpus_per_task=spec.cluster.cpus_per_task,
+            mem_gb=spec.cluster.mem_gb) for i in todo]
+        if requests:
+            failed = [o for o in run_array(requests, cluster, folder) if isinstance(o, SlurmJobFailed)]
+            if failed:
+                raise TokenizeFailed(f"{len(failed)} of {len(requests)} tokenize shards failed; the others "
+                                     "are kept and a retry reruns only these:\n\n" + "\n\n".join(map(str, failed)))
+        records = [json.loads((parts / f"shard-{i}.json").read_text()) for i in range(shards)]
+        run_job(JobRequest("tokenize-merge", Command(
+            [sys.executable, "-m", "trainer", "tokenize", "merge", "--output-prefix", str(staging / DATA_PREFIX),
+             *[str(parts / f"shard-{i}") for i in range(shards)], "--json-keys", *spec.data.json_keys]),
+            time_limit_min=spec.cluster.time_limit_min), cluster, folder)
+        shutil.rmtree(parts)
+        done = manifest.write_manifest(
+            staging, "tokenize", key, options=options, input_bytes=input_bytes, dtype=records[0]["dtype"],
+            documents=sum(r["documents"] for r in records), skipped=sum(r["skipped"] for r in records),
+            tokens={k: sum(r["tokens"][k] for r in records) for k in spec.data.json_keys},
+            shards=[{k: r[k] for k in ("shard", "documents", "skipped", "input_bytes", "seconds", "mb_per_s",
+                                       "skipped_records", "finished_at")} for r in records],
+        )
+    _publish(spec, done, prefixes, cached=False)
+    return prefixes[0]
+
+
+def _publish(spec: PretrainSpec, done: dict[str, Any], prefixes: list[str], cached: bool) -> None:
+    rows = [{"shard": s["shard"], "documents": s["documents"], "input MB": round(s["input_bytes"] / 1e6, 2),
+             "MB/s": s["mb_per_s"], "seconds": s["seconds"], "skipped": s["skipped"]} for s in done["shards"]]
+    create_table_artifact(rows, key=artifact_key(spec.name, "tokenize"), description=(
+        f"{done['documents']} documents, {sum(done['tokens'].values())} tokens ({done['dtype']}), "
+        f"{done['input_bytes'] / 1e6:.1f} MB in, {done['skipped']} records skipped"
+        + (" (cached: nothing submitted)" if cached else "")))
+    skipped = [r for s in done["shards"] for r in s["skipped_records"]]
+    lines = [f"**Dataset** (`--data-path`): `{prefixes[0]}`"]
+    if skipped:
+        lines += [f"**Skipped records** ({done['skipped']}, first {len(skipped)}):", *(f"- `{r}`" for r in skipped)]
+    create_markdown_artifact("\n\n".join(lines), key=artifact_key(spec.name, "dataset"),
+                             description="tokenized dataset")

@@ -1,0 +1,72 @@
+"""The tokenize task on the local Slurm cluster: a failed shard is reported with its bad
+record, the finished shards are kept, and the retry reruns only the failed one."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from prefect import flow
+
+from pretrain import manifest
+from pretrain.corpus import corpus_texts
+from pretrain.presets import load_spec
+from pretrain.toy_tokenizers import llama3_style
+from tasks.tokenize import TokenizeFailed, tokenize
+
+
+@flow
+def tokenize_once(spec, data_dir):
+    return tokenize.with_options(retries=0)(spec, data_dir)
+
+
+def fetched_corpus(root: Path, lines: list[str]) -> Path:
+    """A fetch output, written the way the fetch stage writes one."""
+    final = manifest.output_dir(root, "fetch", "k" * 64)
+    with manifest.staged_output(final) as staging:
+        (staging / "corpus.jsonl").write_text("".join(lines))
+        manifest.write_manifest(staging, "fetch", "k" * 64)
+    return final
+
+
+def test_only_failed_shards_are_rerun(local_stack, tmp_path):
+    texts = corpus_texts()
+    lines = [json.dumps({"text": t}) + "\n" for t in texts]
+    bad_at = len(lines) - 5
+    lines[bad_at] = '{"text": truncated\n'
+    data = fetched_corpus(tmp_path, lines)
+    spec = load_spec("tiny-local", [f"paths.root={tmp_path}", "cluster.executor=slurm", "data.tokenize_shards=2",
+                                    f"tokenizer.path={llama3_style(tmp_path / 'tok', texts)}"])
+
+    failed = tokenize_once(spec, str(data), return_state=True)
+    assert failed.is_failed()
+    with pytest.raises(TokenizeFailed) as info:
+        failed.result()
+    assert "1 of 2 tokenize shards failed" in str(info.value)
+    assert f"corpus.jsonl:{bad_at + 1}: not valid JSON" in str(info.value)
+    (staging,) = (tmp_path / "tokenize").glob(".tokenize-*.partial")
+    kept = staging / "parts" / "shard-0.json"
+    assert kept.exists() and not (staging / "parts" / "shard-1.json").exists()
+    first_run = json.loads(kept.read_text())["finished_at"]
+
+    corpus = data / "corpus.jsonl"  # the bad record repaired where it lies
+    corpus.write_text(corpus.read_text().replace('{"text": truncated\n', json.dumps({"text": "repaired"}) + "\n"))
+    done = tokenize_once(spec, str(data), return_state=True)
+    assert done.is_completed(), done.message
+    out = Path(done.result()).parent
+    meta = json.loads((out / "MANIFEST.json").read_text())
+    assert meta["documents"] == len(texts) and [s["shard"] for s in meta["shards"]] == ["0/2", "1/2"]
+    assert meta["shards"][0]["finished_at"] == first_run  # shard 0 ran once; only shard 1 was rerun
+    assert meta["shards"][1]["finished_at"] > first_run
+    assert not staging.exists()
+    assert set(meta["files"]) == {"data_text_document.bin", "data_text_document.idx"}
+
+
+def test_missing_tokenizer_is_named_before_anything_is_submitted(tmp_path):
+    data = fetched_corpus(tmp_path, ['{"text": "x"}\n'])
+    spec = load_spec("tiny-local", [f"paths.root={tmp_path}", f"tokenizer.path={tmp_path / 'nope'}"])
+    state = tokenize_once(spec, str(data), return_state=True)
+    with pytest.raises(TokenizeFailed, match=f"tokenizer file {tmp_path / 'nope'} not found"):
+        state.result()
+    assert not (tmp_path / "jobs").exists()
