@@ -218,3 +218,37 @@ def test_disk_full_leaves_no_dataset(assets, corpus, tmp_path):
         assert list(mount.iterdir()) == []
     finally:
         subprocess.run(["umount", str(mount)], check=True)
+
+
+def get_dataset_reference(texts: list[str], tokenizer_dir: Path, block_size: int):
+    """NxD's get_dataset.py, step by step: datasets.map(tokenize, batched), then group_texts
+    concatenating each 1,000-row batch and cutting it into blocks."""
+    import datasets
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir))
+    raw = datasets.Dataset.from_dict({"text": texts})
+    tokenized = raw.map(lambda batch: tokenizer(batch["text"]), batched=True, remove_columns=["text"])
+
+    def group_texts(examples):
+        concatenated = {k: sum(examples[k], []) for k in examples}
+        total = (len(concatenated["input_ids"]) // block_size) * block_size
+        result = {k: [t[i:i + block_size] for i in range(0, total, block_size)] for k, t in concatenated.items()}
+        result["labels"] = result["input_ids"].copy()
+        return result
+
+    return tokenized.map(group_texts, batched=True)
+
+
+def test_nxd_arrow_matches_nxds_get_dataset(assets, corpus, texts, tmp_path):
+    import datasets
+
+    tokenizer_dir = Path(assets["hf"][-1])
+    run("--input", str(corpus), "--output-prefix", str(tmp_path / "nxd"), "--format", "nxd-arrow",
+        "--seq-length", "256", *assets["hf"])
+    ours = datasets.load_from_disk(str(tmp_path / "nxd_text"))
+    reference = get_dataset_reference(texts, tokenizer_dir, 256)
+    assert ours.num_rows == reference.num_rows > 0
+    assert ours.features == reference.features
+    for column in ("input_ids", "attention_mask", "labels"):
+        assert ours[column] == reference[column]

@@ -25,6 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from trainer.indexed_dataset import IndexedDatasetWriter, IndexReader, optimal_dtype
+from trainer.nxd_arrow import NxdArrowWriter
 from trainer.jsonl_input import BadRecord, Record, expand_inputs, parse_shard, records, text_of
 from trainer.tokenizer import Tokenizer, TokenizerError, load_tokenizer
 
@@ -82,7 +83,14 @@ def tokenize(args: argparse.Namespace) -> dict:
     dtype = optimal_dtype(tokenizer.vocab_size)
     files = expand_inputs(args.input)
     shard = parse_shard(args.shard) if args.shard else (0, 1)
-    writers = {key: IndexedDatasetWriter(output_prefix(args.output_prefix, key), dtype) for key in args.json_keys}
+    if args.format == "nxd-arrow":
+        if not args.seq_length:
+            raise ValueError("--format nxd-arrow needs --seq-length (the model's sequence length)")
+        if shard != (0, 1):
+            raise ValueError("--format nxd-arrow groups documents by 1,000 as get_dataset.py does; run it unsharded")
+        writers = {key: NxdArrowWriter(f"{args.output_prefix}_{key}", args.seq_length) for key in args.json_keys}
+    else:
+        writers = {key: IndexedDatasetWriter(output_prefix(args.output_prefix, key), dtype) for key in args.json_keys}
     progress = Progress(args.log_interval)
     skipped: list[str] = []
     counts = {"documents": 0, "skipped": 0, "empty": 0, "input_bytes": 0}
@@ -136,7 +144,9 @@ def tokenize(args: argparse.Namespace) -> dict:
     return {
         **counts,
         "tokens": {key: out["tokens"] for key, out in outputs.items()},
-        "outputs": {key: output_prefix(args.output_prefix, key) for key in args.json_keys},
+        "outputs": {key: (f"{args.output_prefix}_{key}" if args.format == "nxd-arrow"
+                          else output_prefix(args.output_prefix, key)) for key in args.json_keys},
+        "format": args.format,
         "dtype": dtype.name, "vocab_size": tokenizer.vocab_size, "engine": tokenizer.engine,
         "tokenizer_sha256": tokenizer.fingerprint, "shard": f"{shard[0]}/{shard[1]}",
         "skipped_records": skipped, "seconds": round(seconds, 3),
@@ -178,6 +188,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--merge-file", help="gpt2-bpe: merges.txt")
     p.add_argument("--tokenizer-model", help="hf: a directory with tokenizer.json; sentencepiece: a .model file")
     p.add_argument("--append-eod", action="store_true")
+    p.add_argument("--format", choices=["megatron", "nxd-arrow"], default="megatron",
+                   help="megatron: PREFIX_{key}_document.bin/.idx; nxd-arrow: NxD's Arrow blocks for hf_llama")
+    p.add_argument("--seq-length", type=int, help="nxd-arrow: tokens per block (the model's sequence length)")
     p.add_argument("--keep-empty", action="store_true",
                    help="keep empty documents as Megatron does (a document with no tokens) instead of "
                         "treating them as bad records")
