@@ -125,15 +125,16 @@ def tokenize(spec: PretrainSpec, data_dir: str) -> str:
             staging, "tokenize", key, options=options, input_bytes=input_bytes, dtype=records[0]["dtype"],
             documents=sum(r["documents"] for r in records), skipped=sum(r["skipped"] for r in records),
             tokens={k: sum(r["tokens"][k] for r in records) for k in spec.data.json_keys},
-            shards=[{k: r[k] for k in ("shard", "documents", "skipped", "input_bytes", "seconds", "mb_per_s",
-                                       "skipped_records", "finished_at")} for r in records],
+            shards=[{k: r[k] for k in ("shard", "documents", "tokens", "skipped", "input_bytes", "seconds",
+                                       "mb_per_s", "skipped_records", "finished_at")} for r in records],
         )
     _publish(spec, done, prefixes, cached=False)
     return prefixes[0]
 
 
 def _publish(spec: PretrainSpec, done: dict[str, Any], prefixes: list[str], cached: bool) -> None:
-    rows = [{"shard": s["shard"], "documents": s["documents"], "input MB": round(s["input_bytes"] / 1e6, 2),
+    rows = [{"shard": s["shard"], "documents": s["documents"], "tokens": sum(s["tokens"].values()),
+             "input MB": round(s["input_bytes"] / 1e6, 2),
              "MB/s": s["mb_per_s"], "seconds": s["seconds"], "skipped": s["skipped"]} for s in done["shards"]]
     create_table_artifact(rows, key=artifact_key(spec.name, "tokenize"), description=(
         f"{done['documents']} documents, {sum(done['tokens'].values())} tokens ({done['dtype']}), "

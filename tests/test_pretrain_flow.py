@@ -56,6 +56,7 @@ def test_tiny_local_fetches_and_tokenizes_the_demo_corpus_on_slurm(s3_endpoint, 
     rows = json.loads(artifacts["tiny-local-tokenize"].data)
     assert [r["shard"] for r in rows] == ["0/2", "1/2"]  # a real 2-task Slurm array
     assert sum(r["documents"] for r in rows) == len(texts)
+    assert sum(r["tokens"] for r in rows) == int(dataset.sequence_lengths.sum())
     assert state.result()["tokenize"] in artifacts["tiny-local-dataset"].data
 
     again = pretrain(preset="tiny-local", overrides=overrides, return_state=True)
