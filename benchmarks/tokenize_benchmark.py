@@ -17,7 +17,6 @@ import gzip
 import hashlib
 import json
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
