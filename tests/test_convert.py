@@ -1,0 +1,205 @@
+"""HF <-> NxDT checkpoint conversion on a small random Llama with GQA (8 heads, 2 KV heads,
+tp 4, pp 2, KV multiplier 2), for trn1 and trn2: names and per-rank shapes, the round trip,
+and logits computed from the shards the way tensor-parallel layers compute them."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from transformers import LlamaConfig, LlamaForCausalLM
+from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply_rotary_pos_emb
+
+from trainer.nxdt_layout import NxdtLayout
+
+CONVERT = [sys.executable, "-m", "trainer", "convert"]
+TP, PP, MULT = 4, 2, 2
+
+
+@pytest.fixture(scope="module")
+def hf_model(tmp_path_factory):
+    torch.manual_seed(0)
+    config = LlamaConfig(hidden_size=64, num_attention_heads=8, num_key_value_heads=2, num_hidden_layers=4,
+                         intermediate_size=96, vocab_size=128, max_position_embeddings=64,
+                         tie_word_embeddings=False, attn_implementation="eager")
+    model = LlamaForCausalLM(config).eval()
+    directory = tmp_path_factory.mktemp("hf")
+    model.save_pretrained(directory, safe_serialization=True, max_shard_size="100KB")  # sharded + index
+    assert (directory / "model.safetensors.index.json").exists()
+    return model, directory
+
+
+def convert(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+    out = subprocess.run([*CONVERT, *args], capture_output=True, text=True)
+    if check:
+        assert out.returncode == 0, out.stderr
+    return out
+
+
+def to_nxdt(src: Path, out: Path, backend: str, *extra: str) -> Path:
+    convert("hf-to-nxdt", "--input", str(src), "--output", str(out), "--tp", str(TP), "--pp", str(PP),
+            "--kv-multiplier", str(MULT), "--hw-backend", backend, *extra)
+    return out / "model"
+
+
+def layout(backend: str, fuse: bool = False) -> NxdtLayout:
+    return NxdtLayout(4, 8, 2, 8, tp=TP, pp=PP, kv_multiplier=MULT, hw_backend=backend, fuse_qkv=fuse)
+
+
+def shards(model_dir: Path) -> dict[tuple[int, int], dict[str, torch.Tensor]]:
+    return {(t, p): torch.load(model_dir / f"dp_rank_00_tp_rank_{t:02d}_pp_rank_{p:02d}.pt", weights_only=True)
+            for t in range(TP) for p in range(PP)}
+
+
+@pytest.mark.parametrize("backend", ["trn1", "trn2"])
+def test_names_and_per_rank_shapes(hf_model, tmp_path, backend):
+    _, src = hf_model
+    states = shards(to_nxdt(src, tmp_path / "nxdt", backend))
+    first, last = states[(0, 0)], states[(0, 1)]
+    assert first["model.embed_tokens.weight"].shape == (128 // TP, 64) and "lm_head.weight" not in first
+    assert last["lm_head.weight"].shape == (128 // TP, 64) and "model.embed_tokens.weight" not in last
+    assert last["model.norm.weight"].shape == (64,)
+    assert {int(k.split(".")[2]) for k in first if k.startswith("model.layers.")} == {0, 1}
+    attn = "model.layers.3.self_attn"
+    assert last[f"{attn}.qkv_proj.weight_q"].shape == (2 * 8, 64)   # 2 Q heads per rank
+    assert last[f"{attn}.qkv_proj.weight_k"].shape == (1 * 8, 64)   # 1 KV head after x2 replication
+    assert last[f"{attn}.o_proj.weight"].shape == (64, 16)
+    assert last["model.layers.3.mlp.gate_up_proj.weight"].shape == (2 * 96 // TP, 64)
+    assert last["model.layers.3.mlp.down_proj.weight"].shape == (64, 96 // TP)
+    fused = shards(to_nxdt(src, tmp_path / "fused", backend, "--fuse-qkv"))
+    assert fused[(1, 1)][f"{attn}.qkv_proj.weight_qkv"].shape == (16 + 8 + 8, 64)
+
+
+@pytest.mark.parametrize("backend", ["trn1", "trn2"])
+def test_kv_replication_pairs_each_ranks_q_heads_with_its_kv_head(backend):
+    lay = layout(backend)
+    for rank in range(TP):
+        (kv,) = lay.kv_heads(rank)
+        assert all(head // (8 // 2) == kv for head in lay.q_heads(rank))
+    tiled = [lay.kv_heads(r)[0] for r in range(TP)]
+    assert tiled == ([0, 1, 0, 1] if backend == "trn1" else [0, 0, 1, 1])  # repeat vs repeat_interleave
+
+
+@pytest.mark.parametrize("backend, fuse", [("trn1", False), ("trn2", True)])
+def test_round_trip_is_the_identity(hf_model, tmp_path, backend, fuse):
+    model, src = hf_model
+    extra = ["--fuse-qkv"] if fuse else []
+    record = json.loads(convert("hf-to-nxdt", "--input", str(src), "--output", str(tmp_path / "n"), "--tp", str(TP),
+                                "--pp", str(PP), "--kv-multiplier", str(MULT), "--hw-backend", backend,
+                                "--verify", *extra).stdout)
+    assert record["shards"] == TP * PP and record["verified_tensors"] == len(model.state_dict())
+    convert("nxdt-to-hf", "--input", str(tmp_path / "n"), "--config", str(src / "config.json"), "--output",
+            str(tmp_path / "back"), "--tp", str(TP), "--pp", str(PP), "--kv-multiplier", str(MULT),
+            "--hw-backend", backend, *extra)
+    back = load_file(tmp_path / "back" / "model.safetensors")
+    original = model.state_dict()
+    assert set(back) == set(original)
+    for key, tensor in original.items():
+        assert torch.equal(back[key], tensor), key
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight
+
+
+def tensor_parallel_logits(states, lay: NxdtLayout, config: LlamaConfig, ids: torch.Tensor) -> torch.Tensor:
+    """The forward pass of NxD's parallel layers, from the shards: column-parallel outputs
+    joined, row-parallel outputs summed, each rank's Q heads with its own K/V head."""
+    hd, eps, (batch, seq) = lay.head_dim, config.rms_norm_eps, ids.shape
+    x = torch.cat([states[(t, 0)]["model.embed_tokens.weight"] for t in range(TP)])[ids]
+    cos, sin = LlamaRotaryEmbedding(config)(x, torch.arange(seq)[None])
+    causal = torch.full((seq, seq), float("-inf")).triu(1)
+    stage = lay.stage_of_layer()
+    for layer in range(lay.num_layers):
+        p = f"model.layers.{layer}"
+        per_rank = [states[(t, stage[layer])] for t in range(TP)]
+        h = rms_norm(x, per_rank[0][f"{p}.input_layernorm.weight"], eps)
+        attention = 0
+        for s in per_rank:
+            def heads(w):
+                return (h @ w.T).view(batch, seq, -1, hd).transpose(1, 2)
+            q, k, v = (heads(s[f"{p}.self_attn.qkv_proj.weight_{n}"]) for n in "qkv")
+            q, k = apply_rotary_pos_emb(q, k, cos, sin)
+            k, v = (t.expand(-1, q.shape[1], -1, -1) for t in (k, v))  # one KV head serves the rank's Q heads
+            scores = torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(hd) + causal, dim=-1)
+            out = (scores @ v).transpose(1, 2).reshape(batch, seq, -1)
+            attention = attention + out @ s[f"{p}.self_attn.o_proj.weight"].T
+        x = x + attention
+        h = rms_norm(x, per_rank[0][f"{p}.post_attention_layernorm.weight"], eps)
+        mlp = 0
+        for s in per_rank:
+            gate, up = torch.chunk(s[f"{p}.mlp.gate_up_proj.weight"], 2)
+            mlp = mlp + (torch.nn.functional.silu(h @ gate.T) * (h @ up.T)) @ s[f"{p}.mlp.down_proj.weight"].T
+        x = x + mlp
+    last = [states[(t, PP - 1)] for t in range(TP)]
+    x = rms_norm(x, last[0]["model.norm.weight"], eps)
+    return torch.cat([x @ s["lm_head.weight"].T for s in last], dim=-1)
+
+
+@pytest.mark.parametrize("backend", ["trn1", "trn2"])
+def test_logits_from_the_shards_match_the_hf_model(hf_model, tmp_path, backend):
+    model, src = hf_model
+    states = shards(to_nxdt(src, tmp_path / "nxdt", backend))
+    ids = torch.randint(0, 128, (2, 16), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        expected = model(ids).logits
+        ours = tensor_parallel_logits(states, layout(backend), model.config, ids)
+    torch.testing.assert_close(ours, expected, atol=1e-5, rtol=1e-4)
+
+
+def test_pipeline_cuts_place_layers_like_the_training_config(hf_model, tmp_path):
+    _, src = hf_model
+    model_dir = to_nxdt(src, tmp_path / "cut", "trn2", "--pipeline-cuts", "model.layers.0")
+    assert {k.split(".")[2] for k in torch.load(model_dir / "dp_rank_00_tp_rank_00_pp_rank_00.pt",
+                                                 weights_only=True) if k.startswith("model.layers.")} == {"0"}
+
+
+def test_bad_inputs_are_named_and_leave_nothing_behind(hf_model, tmp_path):
+    model, src = hf_model
+    bad_config = tmp_path / "badcfg"
+    bad_config.mkdir()
+    for f in src.iterdir():
+        (bad_config / f.name).write_bytes(f.read_bytes())
+    cfg = json.loads((bad_config / "config.json").read_text())
+    (bad_config / "config.json").write_text(json.dumps({**cfg, "num_attention_heads": 4}))
+    base = ["--tp", str(TP), "--pp", str(PP), "--kv-multiplier", str(MULT), "--hw-backend", "trn1"]
+    out = convert("hf-to-nxdt", "--input", str(bad_config), "--output", str(tmp_path / "o1"), *base, check=False)
+    assert out.returncode == 2 and "config.json does not match the tensors" in out.stderr
+
+    missing = tmp_path / "missing"
+    missing.mkdir()
+    for f in src.iterdir():
+        (missing / f.name).write_bytes(f.read_bytes())
+    victim = sorted(missing.glob("model-0000*.safetensors"))[0]
+    victim.unlink()
+    out = convert("hf-to-nxdt", "--input", str(missing), "--output", str(tmp_path / "o2"), *base, check=False)
+    assert out.returncode == 2 and f"{victim}: safetensors shard listed in the index is missing" in out.stderr
+
+    out = convert("hf-to-nxdt", "--input", str(src), "--output", str(tmp_path / "o3"), "--tp", "3",
+                  "--hw-backend", "trn1", check=False)
+    assert out.returncode == 2 and "tp=3 does not divide the 8 attention heads" in out.stderr
+    out = convert("hf-to-nxdt", "--input", str(src), "--output", str(tmp_path / "o4"), "--tp", "4",
+                  "--kv-multiplier", "4", "--hw-backend", "trn1", check=False)
+    assert out.returncode == 2 and "must equal tp=4" in out.stderr
+
+    existing = tmp_path / "existing"
+    existing.mkdir()
+    (existing / "keep.txt").write_text("precious")
+    out = convert("hf-to-nxdt", "--input", str(src), "--output", str(existing), *base, check=False)
+    assert out.returncode == 2 and "--overwrite" in out.stderr
+    assert [p.name for p in existing.iterdir()] == ["keep.txt"]
+    assert not list(tmp_path.glob("*.partial"))
+
+    model_dir = to_nxdt(src, tmp_path / "good", "trn1")
+    shard = model_dir / "dp_rank_00_tp_rank_01_pp_rank_01.pt"
+    shard.write_bytes(shard.read_bytes()[:200])
+    out = convert("nxdt-to-hf", "--input", str(tmp_path / "good"), "--config", str(src / "config.json"),
+                  "--output", str(tmp_path / "back"), *base, check=False)
+    assert out.returncode == 2 and f"{shard}: cannot read the shard" in out.stderr
+    assert not (tmp_path / "back").exists()

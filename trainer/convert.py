@@ -1,0 +1,328 @@
+"""``python -m trainer convert``: Hugging Face Llama checkpoints to NxD Training's sharded
+layout and back.
+
+    python -m trainer convert hf-to-nxdt --input HF_DIR --output OUT --tp 32 --pp 8 \\
+        --kv-multiplier 4 --hw-backend trn1 [--fuse-qkv] [--pipeline-cuts model.layers.18 ...] [--verify]
+    python -m trainer convert nxdt-to-hf --input OUT --config HF_DIR/config.json --output HF_OUT \\
+        --tp 32 --pp 8 --kv-multiplier 4 --hw-backend trn1 [--fuse-qkv]
+
+Streaming: tensors are read lazily from the safetensors files, only the rows and columns a
+shard needs, and each shard ``model/dp_rank_00_tp_rank_XX_pp_rank_YY.pt`` is written as soon
+as it is complete, so memory follows the largest shard, not the model. The output is built
+under ``OUT.partial`` and renamed into place; an existing non-empty OUT is refused unless
+``--overwrite``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+from trainer.nxdt_layout import LayoutError, NxdtLayout
+
+ATTN, MLP = "self_attn", "mlp"
+
+
+class ConvertError(ValueError):
+    """A checkpoint that cannot be converted as asked; the message names the file and the fix."""
+
+
+# ---------------------------------------------------------------- reading HF checkpoints lazily
+
+
+def _keys(path: Path) -> list[str]:
+    with safe_open(str(path), "pt") as f:
+        return list(f.keys())
+
+
+class HFCheckpoint:
+    """A config.json plus one or many safetensors files (with model.safetensors.index.json)."""
+
+    def __init__(self, directory: Path):
+        self.directory = directory
+        try:
+            self.config = json.loads((directory / "config.json").read_text())
+        except (OSError, ValueError) as exc:
+            raise ConvertError(f"{directory / 'config.json'}: cannot read the model config ({exc})") from None
+        index = directory / "model.safetensors.index.json"
+        if index.exists():
+            weight_map = json.loads(index.read_text())["weight_map"]
+        elif (directory / "model.safetensors").exists():
+            weight_map = None
+        else:
+            raise ConvertError(f"{directory}: no model.safetensors or model.safetensors.index.json")
+        files = sorted(set(weight_map.values())) if weight_map else ["model.safetensors"]
+        for name in files:
+            if not (directory / name).exists():
+                raise ConvertError(f"{directory / name}: safetensors shard listed in the index is missing")
+        self.where = weight_map or {key: "model.safetensors" for key in _keys(directory / "model.safetensors")}
+
+    def _file(self, key: str) -> str:
+        if key not in self.where:
+            raise ConvertError(f"{self.directory}: tensor {key} is missing from the checkpoint")
+        return str(self.directory / self.where[key])
+
+    def _read(self, key: str, index: tuple) -> torch.Tensor:
+        """Open, read the slice, close: the file's pages leave the process with the handle, so
+        memory follows the shard being written, not the tensors read so far."""
+        with safe_open(self._file(key), "pt") as f:
+            return f.get_slice(key)[index]
+
+    def shape(self, key: str) -> list[int]:
+        with safe_open(self._file(key), "pt") as f:
+            return list(f.get_slice(key).get_shape())
+
+    def rows(self, key: str, start: int, stop: int) -> torch.Tensor:
+        return self._read(key, (slice(start, stop),))
+
+    def cols(self, key: str, start: int, stop: int) -> torch.Tensor:
+        return self._read(key, (slice(None), slice(start, stop)))
+
+    def full(self, key: str) -> torch.Tensor:
+        return self._read(key, (slice(None),))
+
+
+def layout_from(config: dict, args: argparse.Namespace) -> NxdtLayout:
+    heads = config["num_attention_heads"]
+    try:
+        return NxdtLayout(
+            num_layers=config["num_hidden_layers"], num_heads=heads,
+            num_kv_heads=config.get("num_key_value_heads", heads),
+            head_dim=config.get("head_dim") or config["hidden_size"] // heads,
+            tp=args.tp, pp=args.pp, kv_multiplier=args.kv_multiplier, hw_backend=args.hw_backend,
+            fuse_qkv=args.fuse_qkv, pipeline_cuts=NxdtLayout.cut_indices(args.pipeline_cuts or []))
+    except LayoutError as exc:
+        raise ConvertError(f"--tp/--kv-multiplier: {exc}") from None
+
+
+def check_shapes(ckpt: HFCheckpoint, layout: NxdtLayout) -> None:
+    """config.json against the tensors, before anything is written."""
+    hidden = ckpt.config["hidden_size"]
+    expected = {
+        "model.layers.0.self_attn.q_proj.weight": [layout.num_heads * layout.head_dim, hidden],
+        "model.layers.0.self_attn.k_proj.weight": [layout.num_kv_heads * layout.head_dim, hidden],
+        "model.embed_tokens.weight": [ckpt.config["vocab_size"], hidden],
+    }
+    for key, shape in expected.items():
+        if ckpt.shape(key) != shape:
+            raise ConvertError(f"{ckpt.directory / 'config.json'} does not match the tensors: {key} is "
+                               f"{ckpt.shape(key)}, the config implies {shape}")
+    vocab = ckpt.config["vocab_size"]
+    if vocab % layout.tp:
+        raise ConvertError(f"vocab_size {vocab} is not divisible by tp={layout.tp} (NxD does not pad)")
+
+
+# ---------------------------------------------------------------- HF -> NxDT
+
+
+def _heads(ckpt: HFCheckpoint, key: str, heads: list[int], head_dim: int, dim: int) -> torch.Tensor:
+    read = ckpt.rows if dim == 0 else ckpt.cols
+    return torch.cat([read(key, h * head_dim, (h + 1) * head_dim) for h in heads], dim=dim)
+
+
+def shard_state(ckpt: HFCheckpoint, layout: NxdtLayout, tp_rank: int, pp_rank: int) -> dict[str, torch.Tensor]:
+    """One output shard, reading only what it holds."""
+    cfg, hd, state = ckpt.config, layout.head_dim, {}
+    vocab_rows = cfg["vocab_size"] // layout.tp
+    ffn_rows = cfg["intermediate_size"] // layout.tp
+    if pp_rank == 0:
+        state["model.embed_tokens.weight"] = ckpt.rows("model.embed_tokens.weight", tp_rank * vocab_rows,
+                                                       (tp_rank + 1) * vocab_rows)
+    for layer in layout.layers_of_stage(pp_rank):
+        p = f"model.layers.{layer}"
+        q = _heads(ckpt, f"{p}.{ATTN}.q_proj.weight", layout.q_heads(tp_rank), hd, 0)
+        k = _heads(ckpt, f"{p}.{ATTN}.k_proj.weight", layout.kv_heads(tp_rank), hd, 0)
+        v = _heads(ckpt, f"{p}.{ATTN}.v_proj.weight", layout.kv_heads(tp_rank), hd, 0)
+        if layout.fuse_qkv:
+            state[f"{p}.{ATTN}.qkv_proj.weight_qkv"] = torch.cat([q, k, v])
+        else:
+            state.update({f"{p}.{ATTN}.qkv_proj.weight_q": q, f"{p}.{ATTN}.qkv_proj.weight_k": k,
+                          f"{p}.{ATTN}.qkv_proj.weight_v": v})
+        state[f"{p}.{ATTN}.o_proj.weight"] = _heads(ckpt, f"{p}.{ATTN}.o_proj.weight", layout.q_heads(tp_rank), hd, 1)
+        rows = (tp_rank * ffn_rows, (tp_rank + 1) * ffn_rows)
+        state[f"{p}.{MLP}.gate_up_proj.weight"] = torch.cat([ckpt.rows(f"{p}.{MLP}.gate_proj.weight", *rows),
+                                                            ckpt.rows(f"{p}.{MLP}.up_proj.weight", *rows)])
+        state[f"{p}.{MLP}.down_proj.weight"] = ckpt.cols(f"{p}.{MLP}.down_proj.weight", *rows)
+        for norm in ("input_layernorm", "post_attention_layernorm"):
+            state[f"{p}.{norm}.weight"] = ckpt.full(f"{p}.{norm}.weight")
+    if pp_rank == layout.pp - 1:
+        state["model.norm.weight"] = ckpt.full("model.norm.weight")
+        head = "lm_head.weight" if "lm_head.weight" in ckpt.where else "model.embed_tokens.weight"  # tied
+        state["lm_head.weight"] = ckpt.rows(head, tp_rank * vocab_rows, (tp_rank + 1) * vocab_rows)
+    return {k: t.contiguous() for k, t in state.items()}
+
+
+def shard_name(tp_rank: int, pp_rank: int) -> str:
+    return f"dp_rank_00_tp_rank_{tp_rank:02d}_pp_rank_{pp_rank:02d}.pt"
+
+
+def hf_to_nxdt(ckpt: HFCheckpoint, layout: NxdtLayout, staging: Path) -> dict:
+    model_dir = staging / "model"
+    model_dir.mkdir(parents=True)
+    shards, params, total = 0, 0, 0
+    for pp_rank in range(layout.pp):
+        for tp_rank in range(layout.tp):
+            state = shard_state(ckpt, layout, tp_rank, pp_rank)
+            path = model_dir / shard_name(tp_rank, pp_rank)
+            torch.save(state, f"{path}.tmp")
+            os.replace(f"{path}.tmp", path)
+            shards += 1
+            params += sum(t.numel() for t in state.values())
+            total += path.stat().st_size
+            del state
+    return {"shards": shards, "parameters_stored": params, "bytes": total}
+
+
+# ---------------------------------------------------------------- NxDT -> HF
+
+
+def load_shard(path: Path) -> dict[str, torch.Tensor]:
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except FileNotFoundError:
+        raise ConvertError(f"{path}: shard missing; check --tp/--pp against the checkpoint") from None
+    except Exception as exc:  # truncated or not a torch file: name it rather than dump a traceback
+        raise ConvertError(f"{path}: cannot read the shard ({type(exc).__name__}: {exc}); it is truncated "
+                           "or corrupt") from None
+
+
+def nxdt_states(model_dir: Path, layout: NxdtLayout) -> Iterator[tuple[int, list[dict[str, torch.Tensor]]]]:
+    """Per pipeline stage, the tp shards of that stage (one stage in memory at a time)."""
+    for pp_rank in range(layout.pp):
+        yield pp_rank, [load_shard(model_dir / shard_name(t, pp_rank)) for t in range(layout.tp)]
+
+
+def unshard_stage(layout: NxdtLayout, pp_rank: int, shards: list[dict[str, torch.Tensor]],
+                  config: dict) -> dict[str, torch.Tensor]:
+    hd, tp, out = layout.head_dim, layout.tp, {}
+    q_rows, kv_rows = layout.q_heads_per_rank * hd, layout.kv_heads_per_rank * hd
+    if pp_rank == 0:
+        out["model.embed_tokens.weight"] = torch.cat([s["model.embed_tokens.weight"] for s in shards])
+    for layer in layout.layers_of_stage(pp_rank):
+        p = f"model.layers.{layer}"
+        q_full = torch.empty(layout.num_heads * hd, shards[0][f"{p}.{ATTN}.o_proj.weight"].shape[0])
+        k_full = torch.empty(layout.num_kv_heads * hd, q_full.shape[1])
+        v_full = torch.empty_like(k_full)
+        o_full = torch.empty(q_full.shape[1], layout.num_heads * hd)
+        for rank, s in enumerate(shards):
+            if layout.fuse_qkv:
+                # Split by the known sizes: q and k/v parts differ in size under GQA.
+                q, k, v = torch.split(s[f"{p}.{ATTN}.qkv_proj.weight_qkv"], [q_rows, kv_rows, kv_rows])
+            else:
+                q, k, v = (s[f"{p}.{ATTN}.qkv_proj.weight_{x}"] for x in "qkv")
+            for i, head in enumerate(layout.q_heads(rank)):
+                q_full[head * hd:(head + 1) * hd] = q[i * hd:(i + 1) * hd]
+                o_full[:, head * hd:(head + 1) * hd] = s[f"{p}.{ATTN}.o_proj.weight"][:, i * hd:(i + 1) * hd]
+            for i, head in enumerate(layout.kv_heads(rank)):  # replicas are equal; any copy will do
+                k_full[head * hd:(head + 1) * hd] = k[i * hd:(i + 1) * hd]
+                v_full[head * hd:(head + 1) * hd] = v[i * hd:(i + 1) * hd]
+        out.update({f"{p}.{ATTN}.q_proj.weight": q_full, f"{p}.{ATTN}.k_proj.weight": k_full,
+                    f"{p}.{ATTN}.v_proj.weight": v_full, f"{p}.{ATTN}.o_proj.weight": o_full})
+        gate_up = [torch.chunk(s[f"{p}.{MLP}.gate_up_proj.weight"], 2) for s in shards]
+        out[f"{p}.{MLP}.gate_proj.weight"] = torch.cat([g for g, _ in gate_up])
+        out[f"{p}.{MLP}.up_proj.weight"] = torch.cat([u for _, u in gate_up])
+        out[f"{p}.{MLP}.down_proj.weight"] = torch.cat([s[f"{p}.{MLP}.down_proj.weight"] for s in shards], dim=1)
+        for norm in ("input_layernorm", "post_attention_layernorm"):
+            out[f"{p}.{norm}.weight"] = shards[0][f"{p}.{norm}.weight"]
+    if pp_rank == layout.pp - 1:
+        out["model.norm.weight"] = shards[0]["model.norm.weight"]
+        if not config.get("tie_word_embeddings"):
+            out["lm_head.weight"] = torch.cat([s["lm_head.weight"] for s in shards])
+    return out
+
+
+def nxdt_to_hf(model_dir: Path, config_path: Path, layout: NxdtLayout, staging: Path) -> dict:
+    config = json.loads(config_path.read_text())
+    state: dict[str, torch.Tensor] = {}
+    for pp_rank, shards in nxdt_states(model_dir, layout):
+        state.update(unshard_stage(layout, pp_rank, shards, config))
+    staging.mkdir(parents=True, exist_ok=True)
+    save_file({k: v.contiguous() for k, v in state.items()}, str(staging / "model.safetensors"),
+              metadata={"format": "pt"})
+    shutil.copyfile(config_path, staging / "config.json")
+    return {"tensors": len(state), "parameters": sum(t.numel() for t in state.values())}
+
+
+def verify(source: HFCheckpoint, model_dir: Path, layout: NxdtLayout) -> dict:
+    """Reassemble the written shards and compare every tensor with the source."""
+    compared = 0
+    for pp_rank, shards in nxdt_states(model_dir, layout):
+        for key, tensor in unshard_stage(layout, pp_rank, shards, source.config).items():
+            if not torch.equal(tensor, source.full(key)):
+                raise ConvertError(f"verify: {key} differs from the source after reassembly")
+            compared += 1
+    return {"verified_tensors": compared}
+
+
+# ---------------------------------------------------------------- command line
+
+
+def _replace_output(output: Path, staging: Path, overwrite: bool) -> None:
+    if output.exists() and any(output.iterdir()):
+        if not overwrite:
+            raise ConvertError(f"{output} exists and is not empty; pass --overwrite to replace it")
+        shutil.rmtree(output)
+    elif output.exists():
+        output.rmdir()
+    os.replace(staging, output)
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m trainer convert", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("direction", choices=["hf-to-nxdt", "nxdt-to-hf"])
+    p.add_argument("--input", required=True, help="HF directory, or the NxDT checkpoint (its model/ inside)")
+    p.add_argument("--output", required=True)
+    p.add_argument("--config", help="nxdt-to-hf: the HF config.json of the model")
+    p.add_argument("--tp", type=int, required=True)
+    p.add_argument("--pp", type=int, default=1)
+    p.add_argument("--kv-multiplier", type=int, default=1, help="NxD kv_replicator")
+    p.add_argument("--hw-backend", choices=["trn1", "trn2"], required=True)
+    p.add_argument("--fuse-qkv", action="store_true", help="qkv_proj.weight_qkv instead of weight_q/k/v")
+    p.add_argument("--pipeline-cuts", nargs="*", help="the YAML's pipeline_cuts, e.g. model.layers.18")
+    p.add_argument("--verify", action="store_true", help="reassemble the output and compare with the source")
+    p.add_argument("--overwrite", action="store_true")
+    return p
+
+
+def main(argv: list[str]) -> int:
+    args = parser().parse_args(argv)
+    started = time.monotonic()
+    output = Path(args.output)
+    staging = output.with_name(output.name + ".partial")
+    shutil.rmtree(staging, ignore_errors=True)
+    try:
+        if output.exists() and any(output.iterdir()) and not args.overwrite:
+            raise ConvertError(f"{output} exists and is not empty; pass --overwrite to replace it")
+        if args.direction == "hf-to-nxdt":
+            ckpt = HFCheckpoint(Path(args.input))
+            layout = layout_from(ckpt.config, args)
+            check_shapes(ckpt, layout)
+            record = hf_to_nxdt(ckpt, layout, staging)
+            if args.verify:
+                record.update(verify(ckpt, staging / "model", layout))
+        else:
+            if not args.config:
+                raise ConvertError("nxdt-to-hf needs --config (the model's HF config.json)")
+            config = json.loads(Path(args.config).read_text())
+            layout = layout_from(config, args)
+            model_dir = Path(args.input) / "model" if (Path(args.input) / "model").is_dir() else Path(args.input)
+            record = nxdt_to_hf(model_dir, Path(args.config), layout, staging)
+        _replace_output(output, staging, args.overwrite)
+    except (ConvertError, OSError) as exc:
+        shutil.rmtree(staging, ignore_errors=True)
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    record.update(direction=args.direction, output=str(output), seconds=round(time.monotonic() - started, 3))
+    print(json.dumps(record))
+    return 0

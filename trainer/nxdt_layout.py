@@ -1,0 +1,102 @@
+"""Where each parameter of a Hugging Face Llama lives in NxD Training's sharded checkpoint
+(``model/dp_rank_00_tp_rank_XX_pp_rank_YY.pt``), for a given tp, pp, KV replication and
+hardware backend (reference/nxdt.md §1.5-1.7).
+
+Pure index arithmetic, no tensors: the converter reads exactly the rows and columns a shard
+needs, and the tests check the placement on its own.
+
+Q heads and K/V heads are placed the way NxD's ``GQAQKVColumnParallelLinear`` uses them at run
+time, so every rank's Q heads attend with the K/V head it holds:
+- trn1: K/V tiled (``repeat``: K0..K7, K0..K7, ...), Q heads reordered to match;
+- trn2: K/V interleaved (``repeat_interleave``: K0, K0, K0, K0, K1, ...), Q heads in order.
+NxD's own converter tiles K/V on trn2 too, which pairs most trn2 ranks with the wrong K/V head
+(reference/nxdt.md §1.6); this layout follows the model instead.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+
+class LayoutError(ValueError):
+    """A layout NxD cannot hold; the message names the setting and the fix."""
+
+
+@dataclass(frozen=True)
+class NxdtLayout:
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    tp: int
+    pp: int = 1
+    kv_multiplier: int = 1
+    hw_backend: Literal["trn1", "trn2"] = "trn1"
+    fuse_qkv: bool = False
+    pipeline_cuts: tuple[int, ...] = ()  # index of the last layer of each stage but the last
+
+    def __post_init__(self) -> None:
+        if self.num_heads % self.tp:
+            raise LayoutError(f"tp={self.tp} does not divide the {self.num_heads} attention heads")
+        if self.tp % self.kv_multiplier:
+            raise LayoutError(f"kv multiplier {self.kv_multiplier} must divide tp={self.tp}")
+        if (self.num_kv_heads * self.kv_multiplier) % self.tp:
+            raise LayoutError(f"{self.num_kv_heads} KV heads x multiplier {self.kv_multiplier} is not "
+                              f"divisible by tp={self.tp}; choose a multiplier that makes it so")
+        if self.kv_multiplier > 1 and self.num_kv_heads * self.kv_multiplier != self.tp:
+            raise LayoutError(f"with a kv multiplier, each rank holds one KV head: {self.num_kv_heads} x "
+                              f"{self.kv_multiplier} must equal tp={self.tp}")
+        if self.pipeline_cuts and len(self.pipeline_cuts) != self.pp - 1:
+            raise LayoutError(f"{len(self.pipeline_cuts)} pipeline cuts for pp={self.pp}; give {self.pp - 1}")
+
+    @classmethod
+    def cut_indices(cls, cuts: list[str]) -> tuple[int, ...]:
+        """``["model.layers.18", ...]`` as in the NxDT YAML, to layer indices."""
+        return tuple(int(cut.rsplit(".", 1)[-1]) for cut in cuts)
+
+    # ---------------------------------------------------------------- pipeline
+
+    def stage_of_layer(self) -> list[int]:
+        """The pp rank of every layer: the YAML's cuts, else NxD's automatic partition (L//P
+        layers each, the remainder to the last stages)."""
+        if self.pipeline_cuts:
+            cuts = list(self.pipeline_cuts)
+            return [next((s for s, cut in enumerate(cuts) if layer <= cut), len(cuts))
+                    for layer in range(self.num_layers)]
+        base, extra = divmod(self.num_layers, self.pp)
+        sizes = [base + (1 if stage >= self.pp - extra else 0) for stage in range(self.pp)]
+        return [stage for stage, size in enumerate(sizes) for _ in range(size)]
+
+    def layers_of_stage(self, stage: int) -> list[int]:
+        return [layer for layer, s in enumerate(self.stage_of_layer()) if s == stage]
+
+    # ---------------------------------------------------------------- tensor parallel heads
+
+    @property
+    def q_heads_per_rank(self) -> int:
+        return self.num_heads // self.tp
+
+    @property
+    def kv_heads_per_rank(self) -> int:
+        return self.num_kv_heads * self.kv_multiplier // self.tp
+
+    def q_heads(self, rank: int) -> list[int]:
+        """The HF Q heads rank ``rank`` holds, in its row order."""
+        n = self.q_heads_per_rank
+        if self.kv_multiplier == 1 or self.hw_backend == "trn2":
+            return list(range(rank * n, (rank + 1) * n))
+        # trn1: rank r holds K/V head r % kv; give it that group's (r // kv)-th slice of Q heads.
+        group, slot = rank % self.num_kv_heads, rank // self.num_kv_heads
+        per_group = self.num_heads // self.num_kv_heads
+        first = group * per_group + slot * n
+        return list(range(first, first + n))
+
+    def kv_heads(self, rank: int) -> list[int]:
+        """The HF K/V heads rank ``rank`` holds (after replication), in its row order."""
+        if self.kv_multiplier == 1:
+            m = self.kv_heads_per_rank
+            return list(range(rank * m, (rank + 1) * m))
+        if self.hw_backend == "trn2":
+            return [rank // self.kv_multiplier]
+        return [rank % self.num_kv_heads]
