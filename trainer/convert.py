@@ -74,9 +74,11 @@ class HFCheckpoint:
 
     def _read(self, key: str, index: tuple) -> torch.Tensor:
         """Open, read the slice, close: the file's pages leave the process with the handle, so
-        memory follows the shard being written, not the tensors read so far."""
+        memory follows the shard being written, not the tensors read so far. The slice is a
+        view into the mapped tensor; the copy keeps only its own bytes (torch.save would
+        otherwise write the whole tensor's storage)."""
         with safe_open(self._file(key), "pt") as f:
-            return f.get_slice(key)[index]
+            return f.get_slice(key)[index].clone(memory_format=torch.contiguous_format)
 
     def shape(self, key: str) -> list[int]:
         with safe_open(self._file(key), "pt") as f:
@@ -159,7 +161,7 @@ def shard_state(ckpt: HFCheckpoint, layout: NxdtLayout, tp_rank: int, pp_rank: i
         state["model.norm.weight"] = ckpt.full("model.norm.weight")
         head = "lm_head.weight" if "lm_head.weight" in ckpt.where else "model.embed_tokens.weight"  # tied
         state["lm_head.weight"] = ckpt.rows(head, tp_rank * vocab_rows, (tp_rank + 1) * vocab_rows)
-    return {k: t.contiguous() for k, t in state.items()}
+    return state
 
 
 def shard_name(tp_rank: int, pp_rank: int) -> str:
