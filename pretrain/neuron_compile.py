@@ -1,0 +1,94 @@
+"""What ``neuron_parallel_compile`` reports, and what a Neuron compile cache holds
+(reference/nxdt.md §2.5-2.7).
+
+Per node, in order of trust: the results JSON (``NEURON_PARALLEL_COMPILE_DUMP_RESULTS``, also
+logged as one multi-line record), else the ``Total ...`` summary lines in their old
+``||PARALLEL_COMPILE||`` and new ``||NEURON_PARALLEL_COMPILE||`` forms, else the "No todo hlos"
+line that means everything was already in the cache.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+_TOTAL = re.compile(r"\|\|(?:NEURON_)?PARALLEL_COMPILE\|\|: Total (graphs|successful compilations|failed compilations): (\d+)")
+_NO_TODO = "No todo hlos found in cache or hlo_tasklist"
+_CACHED_NEFF = "Using a cached neff at"
+_COMPILED = "Compiler status PASS"
+
+
+@dataclass
+class CompileSummary:
+    total: int = 0
+    succeeded: int = 0
+    failed: int = 0
+    source: str = "none"  # results-json, summary-lines, all-cached, none
+    failed_graphs: list[str] = field(default_factory=list)
+
+    def as_row(self, node: str) -> dict:
+        return {"node": node, "total": self.total, "succeeded": self.succeeded, "failed": self.failed,
+                "source": self.source}
+
+
+def from_results(results: dict) -> CompileSummary:
+    report = results.get("compilation_report", {})
+    failed = sorted(path for path, entry in report.items() if not entry.get("status"))
+    summary = results.get("compilation_summary", {})
+    ok, bad = int(summary.get("true", 0)), int(summary.get("false", 0))
+    return CompileSummary(ok + bad, ok, bad, "results-json", failed)
+
+
+def _json_record(text: str) -> dict | None:
+    """The results JSON logged as a multi-line record: from its first brace, balanced."""
+    key = text.find('"compilation_summary"')
+    start = text.rfind("{", 0, key) if key >= 0 else -1
+    if start < 0:
+        return None
+    depth = 0
+    for i in range(start, len(text)):
+        depth += {"{": 1, "}": -1}.get(text[i], 0)
+        if depth == 0:
+            try:
+                return json.loads(text[start:i + 1])
+            except ValueError:
+                return None
+    return None
+
+
+def parse_npc_log(text: str) -> CompileSummary:
+    """One node's neuron_parallel_compile output."""
+    if (results := _json_record(text)) is not None:
+        return from_results(results)
+    totals = {kind: int(n) for kind, n in _TOTAL.findall(text)}
+    if totals:
+        return CompileSummary(totals.get("graphs", 0), totals.get("successful compilations", 0),
+                              totals.get("failed compilations", 0), "summary-lines")
+    if _NO_TODO in text:
+        return CompileSummary(source="all-cached")
+    return CompileSummary()
+
+
+def training_compiles(text: str) -> dict[str, int]:
+    """Graphs a training run still compiled itself (0 when precompile covered everything), and
+    graphs it took from the cache."""
+    return {"compiled": text.count(_COMPILED), "from_cache": text.count(_CACHED_NEFF)}
+
+
+def cache_entries(cache_dir: Path) -> dict[str, list[Path]]:
+    """MODULE_* entries of a compile cache by state, as optimum-neuron classifies them:
+    SUCCESS (neff + done), FAILED (log, no neff), LOCKED (a lock file), EMPTY (anything else)."""
+    states: dict[str, list[Path]] = {"SUCCESS": [], "FAILED": [], "LOCKED": [], "EMPTY": []}
+    for entry in sorted(cache_dir.glob("neuronxcc-*/MODULE_*")):
+        names = {p.name for p in entry.iterdir()}
+        if any(n.endswith(".lock") for n in names):
+            states["LOCKED"].append(entry)
+        elif "model.neff" in names and "model.done" in names:
+            states["SUCCESS"].append(entry)
+        elif "model.log" in names:
+            states["FAILED"].append(entry)
+        else:
+            states["EMPTY"].append(entry)
+    return states
