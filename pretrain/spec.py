@@ -104,6 +104,10 @@ class ModelSpec(Strict):
     max_position_embeddings: int = Field(gt=0)
     rope_theta: float | None = Field(None, description="RoPE base (Llama).")
     rope_scaling: RopeScaling | None = Field(None, description="Llama 3.1 rope scaling.")
+    init_from: str | None = Field(None, description="A Hugging Face checkpoint (directory with config.json "
+                                  "+ safetensors) to continue pre-training from; converted for the backend.")
+    fuse_qkv: bool = Field(True, description="NxD: one fused qkv_proj.weight_qkv per rank (the 70B YAMLs' "
+                           "default); false keeps weight_q/k/v.")
 
     @model_validator(mode="before")
     @classmethod

@@ -29,6 +29,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from trainer.nxdt_layout import LayoutError, NxdtLayout
+from trainer.records import emit
 
 ATTN, MLP = "self_attn", "mlp"
 
@@ -206,7 +207,7 @@ def nxdt_states(model_dir: Path, layout: NxdtLayout) -> Iterator[tuple[int, list
 
 def unshard_stage(layout: NxdtLayout, pp_rank: int, shards: list[dict[str, torch.Tensor]],
                   config: dict) -> dict[str, torch.Tensor]:
-    hd, tp, out = layout.head_dim, layout.tp, {}
+    hd, out = layout.head_dim, {}
     q_rows, kv_rows = layout.q_heads_per_rank * hd, layout.kv_heads_per_rank * hd
     if pp_rank == 0:
         out["model.embed_tokens.weight"] = torch.cat([s["model.embed_tokens.weight"] for s in shards])
@@ -294,6 +295,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--pipeline-cuts", nargs="*", help="the YAML's pipeline_cuts, e.g. model.layers.18")
     p.add_argument("--verify", action="store_true", help="reassemble the output and compare with the source")
     p.add_argument("--overwrite", action="store_true")
+    p.add_argument("--record", help="also write the JSON record to this file (atomically)")
     return p
 
 
@@ -326,5 +328,5 @@ def main(argv: list[str]) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     record.update(direction=args.direction, output=str(output), seconds=round(time.monotonic() - started, 3))
-    print(json.dumps(record))
+    emit(record, args.record)
     return 0

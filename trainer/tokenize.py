@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import errno
-import json
 import os
 import sys
 import time
@@ -27,6 +26,7 @@ import numpy as np
 from trainer.indexed_dataset import IndexedDatasetWriter, IndexReader, optimal_dtype
 from trainer.nxd_arrow import NxdArrowWriter
 from trainer.jsonl_input import BadRecord, Record, expand_inputs, parse_shard, records, text_of
+from trainer.records import emit
 from trainer.tokenizer import Tokenizer, TokenizerError, load_tokenizer
 
 BATCH_BYTES = 8 << 20  # text per encode call: enough for every core, small enough for memory
@@ -225,10 +225,5 @@ def main(argv: list[str]) -> int:
     except (BadRecord, TokenizerError, ValueError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    line = json.dumps(record)
-    if getattr(args, "record", None):
-        tmp = Path(f"{args.record}.tmp")
-        tmp.write_text(line + "\n")
-        os.replace(tmp, args.record)  # its presence means the shard is complete
-    print(line)
+    emit(record, getattr(args, "record", None))  # the file's presence means the shard is complete
     return 0

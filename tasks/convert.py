@@ -1,0 +1,59 @@
+"""convert: the spec's Hugging Face checkpoint into NxD Training's sharded layout, as a Slurm job
+on one node. The output key is the source's fingerprint (file names and sizes, config.json) plus
+the layout, so a second run with the same checkpoint and layout submits nothing."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from prefect import task
+from prefect.artifacts import create_table_artifact
+from prefect.logging import get_run_logger
+
+from pretrain import manifest
+from pretrain.command import Command
+from pretrain.spec import PretrainSpec
+from tasks.artifacts import artifact_key
+from tasks.slurm import JobRequest, cluster_for, job_folder, run_job
+from trainer.launch_args import convert_command, convert_flags
+
+CONVERT_FORMAT = 1
+
+
+def source_fingerprint(source: Path) -> dict:
+    """Cheap and sufficient: config.json and the names and sizes of the weight files."""
+    files = sorted(p for p in source.iterdir() if p.suffix == ".safetensors" or p.name.endswith(".index.json"))
+    return {"config": (source / "config.json").read_text(), "files": [(p.name, p.stat().st_size) for p in files]}
+
+
+@task(name="convert", retries=1, retry_delay_seconds=10)
+def convert(spec: PretrainSpec) -> str:
+    """Convert ``model.init_from``; return the directory NxDT's ``resume_from_checkpoint`` takes."""
+    logger = get_run_logger()
+    source = Path(spec.model.init_from).expanduser()
+    if not (source / "config.json").exists():
+        raise FileNotFoundError(f"model.init_from={spec.model.init_from}: no config.json there; point it at a "
+                                "Hugging Face checkpoint directory")
+    layout = convert_flags(spec)
+    key = manifest.stable_hash({"format": CONVERT_FORMAT, "source": source_fingerprint(source), "layout": layout,
+                                "code": manifest.code_version()})
+    final = manifest.output_dir(spec.paths.root, "convert", key)
+    if (done := manifest.load_valid(final, key)) is None:
+        cluster = cluster_for(spec)
+        with manifest.staged_output(final) as staging:
+            record_path = staging.with_name(staging.name + ".record.json")
+            argv = convert_command(spec, str(source), str(staging / "checkpoint"), record=str(record_path))
+            run_job(JobRequest("convert", Command(argv), time_limit_min=spec.cluster.time_limit_min,
+                               mem_gb=spec.cluster.mem_gb), cluster, job_folder(spec, cluster))
+            record = json.loads(record_path.read_text())
+            record_path.unlink()
+            done = manifest.write_manifest(staging, "convert", key, layout=layout, **{
+                k: record[k] for k in ("shards", "parameters_stored", "bytes", "verified_tensors")})
+    else:
+        logger.info("convert: %s is complete (manifest valid); nothing submitted", final)
+    create_table_artifact([{"shards": done["shards"], "parameters": done["parameters_stored"],
+                            "bytes": done["bytes"], "verified tensors": done["verified_tensors"],
+                            "layout": " ".join(done["layout"])}],
+                          key=artifact_key(spec.name, "convert"), description=f"NxDT checkpoint in {final}")
+    return str(final / "checkpoint")
