@@ -20,6 +20,8 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
+from timing import run_timed
+
 # A Llama shape with GQA, fp32, about 2.7 GB at 12 layers.
 CONFIG = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 2048,
           "intermediate_size": 5632, "num_attention_heads": 16, "num_key_value_heads": 4,
@@ -68,15 +70,6 @@ def h_kv(config: dict) -> int:
     return config["hidden_size"] // config["num_attention_heads"] * config["num_key_value_heads"]
 
 
-def run(argv: list[str]) -> tuple[float, float]:
-    started = time.monotonic()
-    pid = os.spawnv(os.P_NOWAIT, argv[0], argv)
-    _, status, usage = os.wait4(pid, 0)
-    if os.waitstatus_to_exitcode(status):
-        raise SystemExit(f"{' '.join(argv[:6])} failed")
-    return time.monotonic() - started, usage.ru_maxrss / 1024
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--workdir", default="/var/tmp/pretrain-convert-bench")
@@ -100,7 +93,7 @@ def main() -> None:
 
     out = work / "nxdt"
     shutil.rmtree(out, ignore_errors=True)
-    convert_s, rss_mb = run([sys.executable, "-m", "trainer", "convert", "hf-to-nxdt", "--input", str(source),
+    convert_s, rss_mb = run_timed([sys.executable, "-m", "trainer", "convert", "hf-to-nxdt", "--input", str(source),
                              "--output", str(out), "--tp", "8", "--pp", "2", "--kv-multiplier", "2",
                              "--hw-backend", "trn1"])
     os.sync()

@@ -16,10 +16,10 @@ import argparse
 import gzip
 import hashlib
 import json
-import os
 import sys
-import time
 from pathlib import Path
+
+from timing import run_timed
 
 HERE = Path(__file__).resolve().parent
 DOC_CHARS = 4000
@@ -83,15 +83,6 @@ def train_tokenizer(corpus: Path, directory: Path) -> None:
     tok.model.save(str(directory))
 
 
-def run(argv: list[str]) -> tuple[float, float]:
-    started = time.monotonic()
-    pid = os.spawnv(os.P_NOWAIT, argv[0], argv)
-    _, status, usage = os.wait4(pid, 0)
-    if os.waitstatus_to_exitcode(status):
-        raise SystemExit(f"{' '.join(argv[:5])} failed")
-    return time.monotonic() - started, usage.ru_maxrss / 1024
-
-
 def sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
@@ -115,11 +106,11 @@ def main() -> None:
     size_mb = corpus.stat().st_size / 1e6
     vocab, merges = str(tok / "vocab.json"), str(tok / "merges.txt")
 
-    ours_wall, ours_rss = run([sys.executable, "-m", "trainer", "tokenize", "--input", str(corpus),
+    ours_wall, ours_rss = run_timed([sys.executable, "-m", "trainer", "tokenize", "--input", str(corpus),
                                "--output-prefix", str(work / "ours"), "--tokenizer-type", "gpt2-bpe",
                                "--vocab-file", vocab, "--merge-file", merges, "--append-eod",
                                "--workers", str(args.workers)])
-    base_wall, base_rss = run([sys.executable, str(HERE / "megatron_style_preprocess.py"), str(corpus),
+    base_wall, base_rss = run_timed([sys.executable, str(HERE / "megatron_style_preprocess.py"), str(corpus),
                                str(work / "baseline"), vocab, merges, str(args.workers)])
     identical = all(sha256(work / f"ours_text_document{s}") == sha256(work / f"baseline_text_document{s}")
                     for s in (".bin", ".idx"))
