@@ -191,9 +191,31 @@ class TrainingSpec(Strict):
 
 
 class NeuronSpec(Strict):
+    """NxD Training settings; defaults are the values of NxDT's hf_llama3_70B_config.yaml
+    (reference/nxdt.md §3.3)."""
+
     instance_type: Literal["trn1", "trn2"] = Field(description="trn1.32xlarge or trn2.48xlarge.")
     lnc: int | None = Field(None, description="Logical NeuronCore size: trn2 defaults to 2, trn1 is 1.")
     compiler_flags: str = "--model-type transformer"
+    compiler_cache_url: str = Field("/home/ubuntu/neuron_cache", description="Neuron compile cache (path or s3://).")
+    async_exec_max_inflight_requests: int = 5
+    bucket_size_collectives: int = 1024
+    neuron_rt_exec_timeout: int = 100
+    neuron_experimental_compress_rg: bool = False
+    sequential_move_factor: int | None = Field(None, description="trn2 only (NxDT trainer.sequential_move_factor).")
+    log_every_n_steps: int = 10
+    lr_constant_steps: int = Field(0, description="NxDT CosineAnnealing constant_steps.")
+    activations_checkpoint_recompute: list[str] = Field(
+        default_factory=lambda: ["CoreAttention", "LlamaMLP"], description="Selective activation checkpointing.")
+    fusions: dict[str, bool] = Field(default_factory=lambda: {"softmax": True, "flash_attention": True},
+                                     description="model.fusions: softmax, flash_attention, ring_attention.")
+    precision_type: str = "mixed_precision"
+    parallel_layers_reduce_dtype: str | None = None
+    xla_downcast_bf16: str | None = None
+    save_xser: bool = True
+    async_checkpointing: bool = False
+    checkpoint_filename: str | None = Field(None, description="exp_manager checkpoint filename template.")
+    hf_config: str | None = Field(None, description="HF config.json path on the cluster (NxDT model.model_config).")
 
     @model_validator(mode="after")
     def _lnc(self) -> NeuronSpec:
@@ -307,6 +329,10 @@ class PretrainSpec(Strict):
         if p.pipeline_cuts and len(p.pipeline_cuts) != p.pp - 1:
             raise ValueError(f"parallel.pipeline_cuts has {len(p.pipeline_cuts)} cuts; parallel.pp="
                              f"{p.pp} needs {p.pp - 1}")
+        neuron = self.backend.neuron
+        if p.cp > 1 and neuron is not None and not neuron.fusions.get("ring_attention"):
+            raise ValueError(f"parallel.cp={p.cp} needs ring attention on NxD: set "
+                             "backend.neuron.fusions.ring_attention=true (and flash_attention=false)")
         if p.cp > 1 and m.seq_length % (2 * p.cp):
             raise ValueError(f"model.seq_length={m.seq_length} must be divisible by 2 x parallel.cp="
                              f"{2 * p.cp} (ring attention splits each sequence into 2 x cp chunks)")

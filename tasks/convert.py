@@ -16,7 +16,7 @@ from pretrain.command import Command
 from pretrain.spec import PretrainSpec
 from tasks.artifacts import artifact_key
 from tasks.slurm import JobRequest, cluster_for, job_folder, run_job
-from trainer.launch_args import convert_command, convert_flags
+from trainer.launch.convert_command import convert_command, convert_flags
 
 CONVERT_FORMAT = 1
 

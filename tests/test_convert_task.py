@@ -13,7 +13,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from pretrain.presets import load_spec
 from tasks.convert import convert
-from trainer.launch_args import convert_flags
+from trainer.launch.convert_command import convert_flags
 
 
 def test_flags_come_from_the_spec_that_also_configures_training():
