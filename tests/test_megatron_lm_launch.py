@@ -1,0 +1,47 @@
+"""Megatron-LM launch rendering for gpt3-7.5b-gpu (p5.48xlarge, 2 x 8 H100, tp 8)."""
+
+from __future__ import annotations
+
+from pretrain.presets import load_spec
+from trainer.launch.megatron_lm import pretrain_gpt_args, srun_container_args, torchrun_command
+
+
+def flags(args: list[str]) -> dict[str, str | bool]:
+    out, i = {}, 0
+    while i < len(args):
+        if i + 1 < len(args) and not args[i + 1].startswith("--"):
+            out[args[i]] = args[i + 1]
+            i += 2
+        else:
+            out[args[i]] = True
+            i += 1
+    return out
+
+
+def test_published_gpt3_7_5b_values():
+    args = flags(pretrain_gpt_args(load_spec("gpt3-7.5b-gpu"), "/fsx/gpt2_text_document", "/fsx/ckpt"))
+    expected = {"--num-layers": "36", "--hidden-size": "4096", "--num-attention-heads": "32", "--seq-length": "2048",
+                "--tensor-model-parallel-size": "8", "--pipeline-model-parallel-size": "1",
+                "--micro-batch-size": "1", "--global-batch-size": "288", "--sequence-parallel": True, "--bf16": True,
+                "--data-path": "/fsx/gpt2_text_document", "--split": "98,2,0", "--eval-iters": "40"}
+    assert {k: args.get(k) for k in expected} == expected
+    # samples-based training takes samples-based warmup and decay, never iteration-based ones
+    assert args["--train-samples"] == "146484375" and "--lr-warmup-iters" not in args and "--train-iters" not in args
+
+
+def test_benchmark_mode_evaluates_nothing_and_iterations_mode():
+    spec = load_spec("gpt3-7.5b-gpu", ["training.benchmark=true", "training.train_samples=null",
+                                       "training.train_steps=100", "training.warmup_steps=10"])
+    args = flags(pretrain_gpt_args(spec, "/d", "/c"))
+    assert args["--split"] == "100,0,0" and args["--eval-iters"] == "0"
+    assert args["--train-iters"] == "100" and args["--lr-warmup-iters"] == "10" and "--train-samples" not in args
+
+
+def test_torchrun_in_the_pyxis_container():
+    spec = load_spec("gpt3-7.5b-gpu")
+    line = torchrun_command(spec, "/d", "/c")
+    assert line[:3] == ["torchrun", "--nproc_per_node", "8"] and "$NODE_RANK" in line
+    assert srun_container_args(spec) == ["--container-image=nvcr.io/nvidia/pytorch:24.09-py3",
+                                         "--container-mounts=/fsx:/fsx"]
+    smaller = flags(pretrain_gpt_args(load_spec("gpt3-7.5b-gpu", ["model.size=1.7B"]), "/d", "/c"))
+    assert (smaller["--num-layers"], smaller["--hidden-size"], smaller["--num-attention-heads"]) == ("24", "2304", "24")

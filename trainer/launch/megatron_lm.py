@@ -1,0 +1,63 @@
+"""Megatron-LM launch from the spec: ``pretrain_gpt.py`` arguments and the per-node torchrun line
+that runs inside the pyxis container (the ParallelCluster / HyperPod / EKS GPT-3 runbooks)."""
+
+from __future__ import annotations
+
+from pretrain.spec import PretrainSpec
+
+MASTER_PORT = 29500
+PRETRAIN_GPT = "/workspace/Megatron-LM/pretrain_gpt.py"
+
+
+def pretrain_gpt_args(spec: PretrainSpec, data_prefix: str, checkpoint_dir: str) -> list[str]:
+    """The arguments, in the runbooks' order of concerns: model, parallelism, batch and schedule,
+    data, logging and checkpoints. Benchmark mode evaluates nothing (split 100,0,0)."""
+    m, p, t, tok = spec.model, spec.parallel, spec.training, spec.tokenizer
+    args = ["--num-layers", str(m.num_layers), "--hidden-size", str(m.hidden_size),
+            "--num-attention-heads", str(m.num_attention_heads), "--seq-length", str(m.seq_length),
+            "--max-position-embeddings", str(m.max_position_embeddings),
+            "--tensor-model-parallel-size", str(p.tp), "--pipeline-model-parallel-size", str(p.pp),
+            "--micro-batch-size", str(t.micro_batch_size), "--global-batch-size", str(t.global_batch_size),
+            "--lr", str(t.lr), "--min-lr", str(t.min_lr), "--lr-decay-style", t.lr_decay_style,
+            "--clip-grad", str(t.grad_clip), "--weight-decay", str(t.weight_decay),
+            "--adam-beta1", str(t.adam_betas[0]), "--adam-beta2", str(t.adam_betas[1]),
+            "--seed", str(t.seed)]
+    if m.num_kv_heads and m.num_kv_heads != m.num_attention_heads:
+        args += ["--group-query-attention", "--num-query-groups", str(m.num_kv_heads)]
+    if p.sequence_parallel:
+        args.append("--sequence-parallel")
+    if p.cp > 1:
+        args += ["--context-parallel-size", str(p.cp)]
+    if t.train_samples:
+        # Sample-based training needs sample-based warmup and decay (Megatron asserts it).
+        args += ["--train-samples", str(t.train_samples), "--lr-decay-samples", str(t.train_samples),
+                 "--lr-warmup-samples", str(t.warmup_steps * t.global_batch_size)]
+    else:
+        args += ["--train-iters", str(t.train_steps), "--lr-decay-iters", str(t.train_steps),
+                 "--lr-warmup-iters", str(t.warmup_steps)]
+    if t.precision == "bf16":
+        args.append("--bf16")
+    split, eval_iters = ("100,0,0", 0) if t.benchmark else (spec.data.split, t.eval_iters)
+    args += ["--data-path", data_prefix, "--split", split, "--tokenizer-type", "GPT2BPETokenizer",
+             "--vocab-file", tok.vocab_file or "", "--merge-file", tok.merges_file or "",
+             "--log-interval", "1", "--eval-interval", str(t.eval_interval), "--eval-iters", str(eval_iters),
+             "--save", checkpoint_dir, "--load", checkpoint_dir, "--save-interval", str(t.checkpoint_interval)]
+    return args
+
+
+def torchrun_command(spec: PretrainSpec, data_prefix: str, checkpoint_dir: str) -> list[str]:
+    """One line per node; $NNODES, $NODE_RANK and $MASTER_ADDR come from the Slurm environment."""
+    return ["torchrun", "--nproc_per_node", str(spec.cluster.devices_per_node), "--nnodes", "$NNODES",
+            "--node_rank", "$NODE_RANK", "--master_addr", "$MASTER_ADDR", "--master_port", str(MASTER_PORT),
+            PRETRAIN_GPT, *pretrain_gpt_args(spec, data_prefix, checkpoint_dir)]
+
+
+def srun_container_args(spec: PretrainSpec) -> list[str]:
+    """pyxis flags for srun, from the spec's Megatron-LM settings."""
+    settings = spec.backend.megatron_lm
+    if settings is None or not settings.container_image:
+        return []
+    args = [f"--container-image={settings.container_image}"]
+    if settings.container_mounts:
+        args.append(f"--container-mounts={','.join(settings.container_mounts)}")
+    return args
