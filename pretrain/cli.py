@@ -3,6 +3,7 @@
     pretrain presets                                 list the presets
     pretrain validate PRESET_OR_FILE [--set k=v]...  validate and print the resolved spec
     pretrain run PRESET_OR_FILE [--set k=v]...       run the pretrain flow
+    pretrain render PRESET_OR_FILE --out DIR         write every file a run would launch
     pretrain stack up|down|status|reset|env          the local Slurm + S3 + Prefect stack
     pretrain demo                                    the whole pipeline on tiny-local, set up here
 """
@@ -53,6 +54,23 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _render(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from pretrain.presets import SpecError, load_spec
+    from tasks.render import render_files, write_files
+
+    try:
+        spec = load_spec(args.spec, args.set)
+    except SpecError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    files = render_files(spec)
+    write_files(files, Path(args.out))
+    print("\n".join(f"{args.out}/{name}" for name in sorted(files)))
+    return 0
+
+
 def _stack(args: argparse.Namespace) -> int:
     from deployments import stack
 
@@ -71,11 +89,14 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("presets", help="list the presets").set_defaults(fn=_presets)
     for name, fn, text in (("validate", _validate, "validate and print the resolved spec"),
-                           ("run", _run, "run the pretrain flow")):
+                           ("run", _run, "run the pretrain flow"),
+                           ("render", _render, "write every file a run would launch, submit nothing")):
         p = sub.add_parser(name, help=text)
         p.add_argument("spec", help="a preset name or a spec YAML file")
         p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                        help="override a field, e.g. --set parallel.tp=8 (repeatable)")
+        if name == "render":
+            p.add_argument("--out", required=True, help="directory for the rendered files")
         p.set_defaults(fn=fn)
     p = sub.add_parser("stack", help="the local Slurm + S3 + Prefect stack", add_help=False)
     p.add_argument("rest", nargs=argparse.REMAINDER)

@@ -1,0 +1,82 @@
+"""Every file a run would launch, rendered from the spec without submitting anything: for
+`pretrain render PRESET --out DIR` and the flow's ``dry_run``."""
+
+from __future__ import annotations
+
+import json
+import shlex
+from pathlib import Path
+
+import submitit
+import yaml
+from prefect import task
+from prefect.artifacts import create_markdown_artifact
+
+from blocks.cluster import SlurmCluster
+from pretrain.command import Command
+from pretrain.spec import PretrainSpec
+from tasks.artifacts import artifact_key
+from tasks.slurm import JobRequest, job_folder, slurm_parameters
+from trainer.launch import megatron_lm, nxdt
+from trainer.launch.convert_command import convert_command
+
+# Where outputs of earlier stages will be; the real paths are content-addressed at run time.
+FETCHED, DATASET, CONVERTED, CHECKPOINTS = "<fetch-output>", "<tokenize-output>", "<convert-output>", "<checkpoints>"
+
+
+def _shell(argv: list[str]) -> str:
+    return " ".join(shlex.quote(a) if not a.startswith("$") else a for a in argv) + "\n"
+
+
+def _sbatch(spec: PretrainSpec, name: str, cluster: SlurmCluster) -> str:
+    """The batch script submitit will write for the training job on this cluster."""
+    request = JobRequest(name, Command(["true"]), time_limit_min=spec.cluster.time_limit_min,
+                         nodes=spec.cluster.nodes, cpus_per_task=spec.cluster.cpus_per_task, mem_gb=spec.cluster.mem_gb)
+    folder = job_folder(spec, cluster) / "<job>"
+    return submitit.slurm.slurm._make_sbatch_string(command=f"python -u -m submitit.core._submit {folder}",
+                                                    folder=folder, **slurm_parameters(cluster, request))
+
+
+def render_files(spec: PretrainSpec, cluster: SlurmCluster | None = None) -> dict[str, str]:
+    cluster = cluster or SlurmCluster(executor="slurm")
+    files = {"spec.yaml": yaml.safe_dump(json.loads(spec.model_dump_json()), sort_keys=False)}
+    tok = spec.tokenizer
+    tokenizer_flags = (["--vocab-file", tok.vocab_file, "--merge-file", tok.merges_file] if tok.type == "gpt2-bpe"
+                       else ["--tokenizer-model", tok.path])
+    files["tokenize.sh"] = _shell(["python", "-m", "trainer", "tokenize", "--input", FETCHED, "--output-prefix",
+                                   f"{DATASET}/data", "--tokenizer-type", tok.type, *tokenizer_flags,
+                                   *(["--append-eod"] if tok.append_eod else []), "--shard", "$SHARD/$SHARDS"])
+    if spec.backend.kind == "neuron":
+        init = CONVERTED if spec.model.init_from else None
+        if spec.model.init_from:
+            files["convert.sh"] = _shell(convert_command(spec, spec.model.init_from, CONVERTED))
+        data = DATASET if spec.model.family == "llama" else f"{DATASET}/data_text_document"
+        files["nxdt_config.yaml"] = yaml.safe_dump(nxdt.nxdt_config(spec, data, init), sort_keys=False)
+        files["train_env.sh"] = "".join(f"export {k}={v}\n" for k, v in nxdt.train_environment().items())
+        files["torchrun.sh"] = _shell(nxdt.torchrun_command(spec, "nxdt_config"))
+    elif spec.backend.kind == "megatron-lm":
+        files["torchrun.sh"] = _shell(megatron_lm.torchrun_command(spec, f"{DATASET}/data_text_document", CHECKPOINTS))
+        settings = spec.backend.megatron_lm
+        if settings and settings.container_image:
+            cluster = cluster.model_copy(update={"container_image": settings.container_image,
+                                                 "container_mounts": settings.container_mounts})
+    files["sbatch_train.sh"] = _sbatch(spec, f"{spec.name}-train", cluster)
+    return files
+
+
+def write_files(files: dict[str, str], out: Path) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    for name, text in files.items():
+        (out / name).write_text(text)
+
+
+@task(name="render")
+def publish_rendered(spec: PretrainSpec) -> list[str]:
+    """dry_run: every rendered file as a markdown artifact, nothing submitted."""
+    files = render_files(spec)
+    for name, text in files.items():
+        language = "yaml" if name.endswith(".yaml") else "bash"
+        create_markdown_artifact(f"**{name}**\n\n```{language}\n{text}```",
+                                 key=artifact_key(spec.name, "render-" + name.split(".")[0].replace("_", "-")),
+                                 description=f"{name} rendered for {spec.name} (dry run)")
+    return sorted(files)

@@ -1,0 +1,46 @@
+"""Dry runs: `pretrain render` writes every file a run would launch, and the flow's dry_run
+publishes the same as artifacts, submitting nothing."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import yaml
+
+from flows.pretrain import pretrain
+
+
+def test_render_writes_config_conversion_and_sbatch(tmp_path):
+    out = tmp_path / "rendered"
+    done = subprocess.run([sys.executable, "-m", "pretrain.cli", "render", "llama3-70b-trn2", "--set",
+                           "model.init_from=/fsx/Meta-Llama-3-70B", "--set", f"paths.root={tmp_path}",
+                           "--out", str(out)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert sorted(p.name for p in out.iterdir()) == ["convert.sh", "nxdt_config.yaml", "sbatch_train.sh",
+                                                     "spec.yaml", "tokenize.sh", "torchrun.sh", "train_env.sh"]
+    config = yaml.safe_load((out / "nxdt_config.yaml").read_text())
+    convert = (out / "convert.sh").read_text()
+    # The conversion and the training config come from one spec: they agree on every shared value.
+    assert config["model"]["fuse_qkv"] is True and "--fuse-qkv" in convert
+    assert " ".join(config["model"]["pipeline_cuts"]) in convert and "--hw-backend trn2" in convert
+    assert config["model"]["weight_init_only"] is True
+    sbatch = (out / "sbatch_train.sh").read_text()
+    assert "#SBATCH --nodes=8" in sbatch and "#SBATCH --time=4320" in sbatch
+    assert not (tmp_path / "jobs").exists() or not any((tmp_path / "jobs").iterdir())
+
+
+def test_flow_dry_run_publishes_rendered_files_and_submits_nothing(tmp_path):
+    from prefect import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId
+
+    state = pretrain(preset="gpt3-7.5b-gpu", overrides=[f"paths.root={tmp_path}"], dry_run=True, return_state=True)
+    assert state.is_completed(), state.message
+    assert "torchrun.sh" in state.result()["rendered"]
+    with get_client(sync_client=True) as client:
+        artifacts = client.read_artifacts(artifact_filter=ArtifactFilter(
+            flow_run_id=ArtifactFilterFlowRunId(any_=[state.state_details.flow_run_id])))
+    by_key = {a.key: a.data for a in artifacts if a.key}
+    assert "--container-image=nvcr.io/nvidia/pytorch:24.09-py3" in by_key["gpt3-7-5b-gpu-render-sbatch-train"]
+    assert "--global-batch-size 288" in by_key["gpt3-7-5b-gpu-render-torchrun"]
+    assert not (tmp_path / "fetch").exists() and not (tmp_path / "jobs").exists()
