@@ -92,3 +92,9 @@ def cache_entries(cache_dir: Path) -> dict[str, list[Path]]:
         else:
             states["EMPTY"].append(entry)
     return states
+
+
+def compile_table(node_logs: dict[str, str]) -> tuple[list[dict], int]:
+    """One row per node (node, total, succeeded, failed, source) and the failed count overall."""
+    rows = [parse_npc_log(text).as_row(node) for node, text in sorted(node_logs.items())]
+    return rows, sum(r["failed"] for r in rows)

@@ -61,3 +61,14 @@ def test_cache_entry_states(tmp_path):
     states = cache_entries(tmp_path)
     assert {k: [p.name for p in v] for k, v in states.items()} == {
         "SUCCESS": ["MODULE_1+a"], "FAILED": ["MODULE_2+a"], "LOCKED": ["MODULE_3+a"], "EMPTY": ["MODULE_4+a"]}
+
+
+def test_per_node_table_counts_failures_across_nodes():
+    from pretrain.neuron_compile import compile_table
+
+    rows, failed = compile_table({"node-b": NEW, "node-a": OLD,
+                                  "node-c": "No todo hlos found in cache or hlo_tasklist, parallel_compile return"})
+    assert [r["node"] for r in rows] == ["node-a", "node-b", "node-c"]
+    assert [(r["total"], r["failed"], r["source"]) for r in rows] == [
+        (22, 0, "summary-lines"), (36, 1, "summary-lines"), (0, 0, "all-cached")]
+    assert failed == 1

@@ -109,3 +109,18 @@ def test_train_sh_environment_and_torchrun_line():
     assert line[:12] == ["torchrun", "--nproc_per_node", "64", "--nnodes", "$NNODES", "--node_rank", "$NODE_RANK",
                          "--master_addr", "$MASTER_ADDR", "--master_port", "41000", "training_orchestrator.py"]
     assert "--config-name=hf_llama3_70B_trn2_config" in line and "trainer.devices=64" in line
+
+
+def test_precompile_wraps_the_same_launch_with_per_node_cache_and_retry():
+    from trainer.launch.nxdt import precompile_command, precompile_environment
+
+    spec = load_spec("llama3-70b")
+    line = precompile_command(spec, "hf_llama3_70B_config")
+    assert line[0] == "neuron_parallel_compile" and line[1:-1] == torchrun_command(spec, "hf_llama3_70B_config")
+    assert line[-1] == "trainer.max_steps=10"
+    shared = precompile_environment(spec, per_node_cache=False, retry_failed=False)
+    assert shared["NEURON_COMPILE_CACHE_URL"] == "/home/ubuntu/neuron_cache" and shared["COMPILE"] == "1"
+    assert shared["NEURON_PARALLEL_COMPILE_DUMP_RESULTS"] == "1" and "NEURON_CC_FLAGS" not in shared
+    retry = precompile_environment(spec, per_node_cache=True, retry_failed=True)
+    assert retry["NEURON_COMPILE_CACHE_URL"] == "/home/ubuntu/neuron_cache/node-$NODE_RANK"
+    assert retry["NEURON_CC_FLAGS"] == "--retry_failed_compilation"

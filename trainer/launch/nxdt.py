@@ -140,3 +140,24 @@ def torchrun_command(spec: PretrainSpec, config_name: str) -> list[str]:
             "--master_addr", "$MASTER_ADDR", "--master_port", str(MASTER_PORT), "training_orchestrator.py",
             "--config-path=conf", f"--config-name={config_name}", f"trainer.devices={devices}",
             "trainer.num_nodes=$NNODES", "exp_manager.explicit_log_dir=null"]
+
+
+PRECOMPILE_STEPS = 10  # NxDT forces max_steps=10 under COMPILE=1; enough to trace every graph
+
+
+def precompile_command(spec: PretrainSpec, config_name: str) -> list[str]:
+    """train.sh with COMPILE=1: neuron_parallel_compile around the same torchrun line, the step
+    count capped so the trial run only traces the graphs."""
+    return ["neuron_parallel_compile", *torchrun_command(spec, config_name), f"trainer.max_steps={PRECOMPILE_STEPS}"]
+
+
+def precompile_environment(spec: PretrainSpec, per_node_cache: bool, retry_failed: bool) -> dict[str, str]:
+    """Environment of the precompile job: results as JSON, the compile cache (one per node when
+    the shared filesystem's locks cannot be trusted, e.g. NFS), and on a retry
+    ``--retry_failed_compilation`` so only the failed graphs are compiled again."""
+    cache = spec.backend.neuron.compiler_cache_url
+    env = {**train_environment(), "COMPILE": "1", "NEURON_PARALLEL_COMPILE_DUMP_RESULTS": "1",
+           "NEURON_COMPILE_CACHE_URL": f"{cache.rstrip('/')}/node-$NODE_RANK" if per_node_cache else cache}
+    if retry_failed:
+        env["NEURON_CC_FLAGS"] = "--retry_failed_compilation"
+    return env
