@@ -35,10 +35,11 @@ def read_artifacts(state) -> dict:
     return {a.key: a for a in artifacts}
 
 
-def test_tiny_local_fetches_and_tokenizes_the_demo_corpus_on_slurm(s3_endpoint, demo_tokenizer, tmp_path):
+@pytest.mark.parametrize("executor", ["slurm", "local"])  # local: a fresh machine without Slurm
+def test_tiny_local_fetches_and_tokenizes_the_demo_corpus(executor, s3_endpoint, demo_tokenizer, tmp_path):
     seed_corpus(s3_endpoint)
     save_credentials_block(s3_endpoint)
-    overrides = [f"paths.root={tmp_path}", f"tokenizer.path={demo_tokenizer}", "cluster.executor=slurm",
+    overrides = [f"paths.root={tmp_path}", f"tokenizer.path={demo_tokenizer}", f"cluster.executor={executor}",
                  "data.tokenize_shards=2"]
     state = pretrain(preset="tiny-local", overrides=overrides, return_state=True)
     assert state.is_completed(), state.message
@@ -54,7 +55,7 @@ def test_tiny_local_fetches_and_tokenizes_the_demo_corpus_on_slurm(s3_endpoint, 
     assert tokenizer._hf.decode(dataset[len(texts) - 1].tolist(), skip_special_tokens=True) == texts[-1]
     artifacts = read_artifacts(state)
     rows = json.loads(artifacts["tiny-local-tokenize"].data)
-    assert [r["shard"] for r in rows] == ["0/2", "1/2"]  # a real 2-task Slurm array
+    assert [r["shard"] for r in rows] == ["0/2", "1/2"]  # a 2-task array (Slurm) or two local jobs
     assert sum(r["documents"] for r in rows) == len(texts)
     assert sum(r["tokens"] for r in rows) == int(dataset.sequence_lengths.sum())
     assert state.result()["tokenize"] in artifacts["tiny-local-dataset"].data
