@@ -28,25 +28,11 @@ def _presets(_: argparse.Namespace) -> int:
 
 
 def _validate(args: argparse.Namespace) -> int:
-    from pretrain.presets import SpecError, load_spec
-
-    try:
-        spec = load_spec(args.spec, args.set)
-    except SpecError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    print(yaml.safe_dump(json.loads(spec.model_dump_json()), sort_keys=False), end="")
+    print(yaml.safe_dump(json.loads(args.loaded.model_dump_json()), sort_keys=False), end="")
     return 0
 
 
 def _run(args: argparse.Namespace) -> int:
-    from pretrain.presets import SpecError, load_spec
-
-    try:
-        load_spec(args.spec, args.set)  # fail before Prefect starts, with the field named
-    except SpecError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
     from flows.pretrain import pretrain
 
     result = pretrain(preset=args.spec, overrides=args.set)
@@ -57,15 +43,9 @@ def _run(args: argparse.Namespace) -> int:
 def _render(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from pretrain.presets import SpecError, load_spec
     from tasks.render import render_files, write_files
 
-    try:
-        spec = load_spec(args.spec, args.set)
-    except SpecError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    files = render_files(spec)
+    files = render_files(args.loaded)
     write_files(files, Path(args.out))
     print("\n".join(f"{args.out}/{name}" for name in sorted(files)))
     return 0
@@ -103,6 +83,14 @@ def main(argv: list[str] | None = None) -> int:
     p.set_defaults(fn=_stack)
     sub.add_parser("demo", help="run the pipeline on tiny-local, end to end").set_defaults(fn=_demo)
     args = parser.parse_args(argv)
+    if hasattr(args, "spec"):
+        from pretrain.presets import SpecError, load_spec
+
+        try:  # a bad spec fails here, before Prefect or Slurm are touched, with the field named
+            args.loaded = load_spec(args.spec, args.set)
+        except SpecError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
     return args.fn(args)
 
 
