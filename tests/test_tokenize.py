@@ -66,7 +66,10 @@ def megatron_reference(prefix: Path, texts: list[str], tokenizer, append_eod: bo
     documents, megatron-core's IndexedDatasetBuilder adding one document at a time."""
     builder = IndexedDatasetBuilder(f"{prefix}.bin", dtype=optimal_dtype(tokenizer.vocab_size).type)
     for text in texts:
-        ids = tokenizer.reference_ids(text)
+        if tokenizer.kind == "sentencepiece":
+            ids = list(tokenizer._sp.encode(text))
+        else:  # Megatron's HuggingFaceTokenizer adds the tokenizer's own specials (Llama 3: BOS)
+            ids = tokenizer._hf.encode(text, add_special_tokens=tokenizer.kind == "hf").ids
         if ids and append_eod:
             ids = ids + [tokenizer.eod]
         builder.add_document(ids, [len(ids)] if ids else [])

@@ -270,13 +270,9 @@ def verify(source: HFCheckpoint, model_dir: Path, layout: NxdtLayout) -> dict:
 # ---------------------------------------------------------------- command line
 
 
-def _replace_output(output: Path, staging: Path, overwrite: bool) -> None:
-    if output.exists() and any(output.iterdir()):
-        if not overwrite:
-            raise ConvertError(f"{output} exists and is not empty; pass --overwrite to replace it")
-        shutil.rmtree(output)
-    elif output.exists():
-        output.rmdir()
+def _replace_output(output: Path, staging: Path) -> None:
+    if output.exists():
+        shutil.rmtree(output)  # empty, or --overwrite was given: main checked before any work
     os.replace(staging, output)
 
 
@@ -322,7 +318,7 @@ def main(argv: list[str]) -> int:
             layout = layout_from(config, args)
             model_dir = Path(args.input) / "model" if (Path(args.input) / "model").is_dir() else Path(args.input)
             record = nxdt_to_hf(model_dir, Path(args.config), layout, staging)
-        _replace_output(output, staging, args.overwrite)
+        _replace_output(output, staging)
     except (ConvertError, OSError) as exc:
         shutil.rmtree(staging, ignore_errors=True)
         print(f"error: {exc}", file=sys.stderr)

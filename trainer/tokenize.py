@@ -25,7 +25,7 @@ import numpy as np
 
 from trainer.indexed_dataset import IndexedDatasetWriter, IndexReader, optimal_dtype
 from trainer.nxd_arrow import NxdArrowWriter
-from trainer.jsonl_input import BadRecord, Record, expand_inputs, parse_shard, records, text_of
+from trainer.jsonl_input import BadRecord, expand_inputs, parse_shard, records, text_of
 from trainer.records import emit
 from trainer.tokenizer import Tokenizer, TokenizerError, load_tokenizer
 
@@ -95,16 +95,15 @@ def tokenize(args: argparse.Namespace) -> dict:
     skipped: list[str] = []
     counts = {"documents": 0, "skipped": 0, "empty": 0, "input_bytes": 0}
 
-    def flush(batch: list[Record], texts: dict[str, list[str]]) -> None:
+    def flush(texts: dict[str, list[str]]) -> None:
         for key, writer in writers.items():
             flat, lengths = tokenizer.encode_texts(texts[key])
             tokens, doc_lengths = assemble(tokenizer, flat, lengths, args.append_eod, dtype)
             writer.add_documents(tokens, doc_lengths)
-        counts["documents"] += len(batch)
+        counts["documents"] += len(texts[args.json_keys[0]])
         progress.update(counts["documents"], counts["input_bytes"])
 
     try:
-        batch: list[Record] = []
         texts: dict[str, list[str]] = {key: [] for key in args.json_keys}
         batch_bytes = 0
         for record in records(files, shard):
@@ -122,15 +121,14 @@ def tokenize(args: argparse.Namespace) -> dict:
                     skipped.append(str(exc))
                 continue
             counts["empty"] += not any(values.values())
-            batch.append(record)
             for key, value in values.items():
                 texts[key].append(value)
             batch_bytes += len(record.raw)
             if batch_bytes >= BATCH_BYTES:
-                flush(batch, texts)
-                batch, texts, batch_bytes = [], {key: [] for key in args.json_keys}, 0
-        if batch:
-            flush(batch, texts)
+                flush(texts)
+                texts, batch_bytes = {key: [] for key in args.json_keys}, 0
+        if texts[args.json_keys[0]]:
+            flush(texts)
         outputs = {key: writer.finalize() for key, writer in writers.items()}
     except BaseException as exc:
         for writer in writers.values():

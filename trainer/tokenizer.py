@@ -64,12 +64,6 @@ class Tokenizer:
         flat = np.fromiter((t for x in ids for t in x), np.uint32, int(counts.sum()))
         return flat, counts
 
-    def reference_ids(self, text: str) -> list[int]:
-        """One document's ids the way Megatron's per-document call computes them (tests)."""
-        if self._sp is not None:
-            return list(self._sp.encode(text))
-        return self._hf.encode(text, add_special_tokens=self.kind == "hf").ids
-
 
 def _gigatoken(hf_tokenizer: Any, engine: str) -> Any:
     if engine == "hf":
