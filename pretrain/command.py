@@ -7,6 +7,7 @@ neither Prefect nor anything of the control plane.
 from __future__ import annotations
 
 import os
+import signal
 import string
 import subprocess
 import sys
@@ -61,6 +62,11 @@ class Command:
         env = {**os.environ, **dist, **self.env}
         print(f"[rank {dist['RANK']}] $ {' '.join(argv)}", flush=True)
         proc = subprocess.Popen(argv, env=env, cwd=self.cwd, stdout=sys.stdout, stderr=sys.stderr)
+        # Slurm signals every process of the step ahead of a time limit or preemption (--signal).
+        # The program checkpoints and exits on its own; submitit's handler here would requeue the
+        # job and kill the program mid-checkpoint, so this process only waits for it.
+        for sig in (signal.SIGUSR1, signal.SIGUSR2):
+            signal.signal(sig, signal.SIG_IGN)
         try:
             returncode = proc.wait()
         except BaseException:

@@ -4,7 +4,8 @@
   (``reduced_train_loss=13.40, lr=7.5e-9, global_step=1.000, ...``).
 - NxD Llama examples: ``step 1 step_time 244.76s throughput 3.93 seq/s loss 13.41 grad norm 1.97``.
 - Megatron-LM: ``training_log``'s iteration line, with or without its timestamp prefix.
-- The native trainer: JSON lines with a ``step``.
+- The native trainer: JSON lines with a ``step``; those with an ``event`` (checkpoint saved, step
+  skipped) record occurrences, not metrics.
 
 Lines that look like metrics but do not parse are skipped and counted, never raised: a log is
 evidence, and one garbled line must not hide the rest of a loss curve (reference/nxdt.md §4).
@@ -106,7 +107,8 @@ def _native(line: str, stream: MetricsStream) -> bool:
     except (ValueError, KeyError, TypeError):
         stream.skipped += 1
         return True
-    stream.add(step, metrics)
+    if "event" not in record:
+        stream.add(step, metrics)
     return True
 
 

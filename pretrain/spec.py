@@ -198,6 +198,14 @@ class NeuronSpec(Strict):
     lnc: int | None = Field(None, description="Logical NeuronCore size: trn2 defaults to 2, trn1 is 1.")
     compiler_flags: str = "--model-type transformer"
     compiler_cache_url: str = Field("/home/ubuntu/neuron_cache", description="Neuron compile cache (path or s3://).")
+    per_node_compile_cache: bool = Field(
+        True, description="Precompile and train with one cache directory per node, <compiler_cache_url>/node-<rank>: "
+        "no two nodes share lock files, the workaround for NFS, whose file locks neuron_parallel_compile cannot "
+        "rely on. false shares compiler_cache_url between nodes, which then split the graphs (FSx for Lustre). "
+        "An s3:// cache is always shared.")
+    examples_dir: str = Field(
+        "~/neuronx-distributed-training/examples", description="NxDT's examples/ directory on the compute "
+        "nodes, where the tutorials clone it: the launch runs its training_orchestrator.py.")
     async_exec_max_inflight_requests: int = 5
     bucket_size_collectives: int = 1024
     neuron_rt_exec_timeout: int = 100
@@ -233,8 +241,31 @@ class MegatronLMSpec(Strict):
     container_mounts: list[str] = Field(default_factory=list, description="'SRC:DST' mounts.")
 
 
+class NativeSpec(Strict):
+    """The project's own trainer (``python -m trainer train``): CPU, CUDA, or Trainium through
+    TorchNeuron (device ``neuron``)."""
+
+    device: Literal["auto", "cpu", "cuda", "neuron"] = Field("auto", description="auto: the node's accelerator, else cpu.")
+    compile: bool = Field(False, description="torch.compile each block (inductor; neuron on Trainium); the "
+                          "precompile stage warms the shared compile cache first.")
+    compile_cache_dir: str | None = Field(None, description="Shared compile cache; default <paths.root>/compile-cache.")
+    precompile_steps: int = Field(2, gt=0, description="Steps of the precompile warm-up run.")
+    activation_checkpointing: bool = False
+    async_checkpoint: bool = Field(True, description="Write checkpoints in the background.")
+    checkpoint_keep: int = Field(3, gt=0, description="Complete checkpoints kept.")
+    max_nan_steps_in_a_row: int = Field(10, gt=0, description="Non-finite steps in a row that abort the run.")
+    max_restarts: int = Field(3, ge=0, description="Resubmissions of the training job after it dies "
+                              "(cancel, time limit, node failure, crash, hang); each resumes from the newest checkpoint.")
+    hang_timeout_min: float = Field(10.0, gt=0, description="Cancel and resubmit a run whose metrics have "
+                                    "not advanced for this long.")
+    stop_signal_delay_s: int = Field(90, ge=0, description="Ask Slurm for USR2 this long before the time "
+                                     "limit, so the trainer checkpoints and exits in time.")
+    export_hf: bool = Field(True, description="Export the final model as HF safetensors + config.json.")
+
+
 class BackendSpec(Strict):
     kind: Literal["native", "neuron", "megatron-lm"] = "native"
+    native: NativeSpec = NativeSpec()
     neuron: NeuronSpec | None = None
     megatron_lm: MegatronLMSpec | None = None
 

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import json
-import shlex
 from pathlib import Path
 
 import submitit
@@ -16,16 +15,18 @@ from blocks.cluster import SlurmCluster
 from pretrain.command import Command
 from pretrain.spec import PretrainSpec
 from tasks.artifacts import artifact_key
+from tasks.precompile import CONFIG_NAME, precompile_script, shell_line
 from tasks.slurm import JobRequest, job_folder, slurm_parameters
 from trainer.launch import megatron_lm, nxdt
 from trainer.launch.convert_command import convert_command
 
 # Where outputs of earlier stages will be; the real paths are content-addressed at run time.
 FETCHED, DATASET, CONVERTED, CHECKPOINTS = "<fetch-output>", "<tokenize-output>", "<convert-output>", "<checkpoints>"
+PRECOMPILE_DIR = "<precompile-dir>"
 
 
 def _shell(argv: list[str]) -> str:
-    return " ".join(shlex.quote(a) if not a.startswith("$") else a for a in argv) + "\n"
+    return shell_line(argv) + "\n"
 
 
 def _sbatch(spec: PretrainSpec, name: str, cluster: SlurmCluster) -> str:
@@ -53,7 +54,9 @@ def render_files(spec: PretrainSpec, cluster: SlurmCluster | None = None) -> dic
         data = DATASET if spec.model.family == "llama" else f"{DATASET}/data_text_document"
         files["nxdt_config.yaml"] = yaml.safe_dump(nxdt.nxdt_config(spec, data, init), sort_keys=False)
         files["train_env.sh"] = "".join(f"export {k}={v}\n" for k, v in nxdt.train_environment().items())
-        files["torchrun.sh"] = _shell(nxdt.torchrun_command(spec, "nxdt_config"))
+        files["torchrun.sh"] = _shell(nxdt.torchrun_command(spec, CONFIG_NAME))
+        files["precompile.sh"] = precompile_script(spec, f"{PRECOMPILE_DIR}/conf", f"{PRECOMPILE_DIR}/attempt",
+                                                   retry_failed=False)
     elif spec.backend.kind == "megatron-lm":
         files["torchrun.sh"] = _shell(megatron_lm.torchrun_command(spec, f"{DATASET}/data_text_document", CHECKPOINTS))
         settings = spec.backend.megatron_lm

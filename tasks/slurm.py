@@ -319,11 +319,13 @@ def _outcome(job: submitit.Job, name: str, record: SacctRecord, follower: LogFol
 
 
 def wait_all(jobs: list[submitit.Job], names: list[str], poll_s: float = 2.0,
-             max_wait_s: float | None = None) -> list[list[Any] | SlurmJobFailed]:
+             max_wait_s: float | None = None, on_poll: Callable[[], None] | None = None,
+             ) -> list[list[Any] | SlurmJobFailed]:
     """Follow ``jobs`` (an array's tasks, say) to their ends, logging their output.
 
     Returns, per job, its per-task results or the :class:`SlurmJobFailed` that ended it, so the
-    caller can keep what succeeded and retry only what failed.
+    caller can keep what succeeded and retry only what failed. ``on_poll`` runs once per poll
+    while jobs are pending (progress reports, hang checks); an exception it raises ends the wait.
     """
     logger = _logger()
     followers = [LogFollower(job) for job in jobs]
@@ -354,31 +356,43 @@ def wait_all(jobs: list[submitit.Job], names: list[str], poll_s: float = 2.0,
                                              log_path=str(jobs[i].paths.stdout))
             break
         if pending:
+            if on_poll is not None:
+                on_poll()
             time.sleep(poll_s)
     return outcomes  # type: ignore[return-value]
 
 
-def wait(job: submitit.Job, name: str, poll_s: float = 2.0, max_wait_s: float | None = None) -> list[Any]:
+def wait(job: submitit.Job, name: str, poll_s: float = 2.0, max_wait_s: float | None = None,
+         on_poll: Callable[[], None] | None = None) -> list[Any]:
     """Follow one job to its end; its per-task results, or :class:`SlurmJobFailed` with the reason
     as soon as it ends without them."""
-    (outcome,) = wait_all([job], [name], poll_s, max_wait_s)
+    (outcome,) = wait_all([job], [name], poll_s, max_wait_s, on_poll)
     if isinstance(outcome, SlurmJobFailed):
         raise outcome
     return outcome
 
 
 def run_job(request: JobRequest, cluster: SlurmCluster, folder: Path, poll_s: float = 2.0,
-            max_wait_s: float | None = None, on_submit: Callable[[submitit.Job], None] | None = None) -> list[Any]:
+            max_wait_s: float | None = None, on_submit: Callable[[submitit.Job], None] | None = None,
+            on_poll: Callable[[], None] | None = None) -> list[Any]:
     """Submit, follow and return the per-task results; the job never outlives this call."""
     job = submit(request, cluster, folder)
     _logger().info("submitted %s as job %s (%s)", request.name, job.job_id, job.paths.folder)
     if on_submit is not None:
         on_submit(job)
     try:
-        return wait(job, request.name, poll_s=poll_s, max_wait_s=max_wait_s)
+        return wait(job, request.name, poll_s=poll_s, max_wait_s=max_wait_s, on_poll=on_poll)
     finally:
         if job.job_id in _active_jobs:  # left by an exception: a cancelled flow, a crash
             cancel(job)
+
+
+def expand_nodes(nodes: str) -> list[str]:
+    """``node[1-3],gpu7`` as host names (``scontrol show hostnames``); empty for none."""
+    if not nodes or nodes in ("None assigned", "(null)"):
+        return []
+    out = subprocess.run(["scontrol", "show", "hostnames", nodes], capture_output=True, text=True, timeout=60)
+    return out.stdout.split() if out.returncode == 0 else [nodes]
 
 
 def cluster_for(spec: Any) -> SlurmCluster:

@@ -50,6 +50,15 @@ def test_nxd_llama_and_native_json_lines():
     assert points[1]["tokens_per_s"] == 5120.5
 
 
+def test_native_event_lines_are_not_metrics():
+    text = "\n".join(['{"step": 2, "loss": 12.9, "time": 1700000000.5}',
+                      '{"step": 2, "event": "checkpoint_saved", "bytes": 4096, "time": 1700000009.0}',
+                      '{"step": 3, "event": "nan_skipped", "loss": null, "time": 1700000010.0}'])
+    stream = parse_log(text)
+    assert stream.as_list() == [{"step": 2, "loss": 12.9, "time": 1700000000.5}]
+    assert stream.skipped == 0
+
+
 def test_malformed_lines_are_skipped_and_counted_never_raised():
     text = "\n".join([
         "Epoch 0:   5%| | 3/62 [02:59<58:44, reduced_train_loss=nan?, global_step=x]",

@@ -17,14 +17,19 @@ def test_render_writes_config_conversion_and_sbatch(tmp_path):
                            "model.init_from=/fsx/Meta-Llama-3-70B", "--set", f"paths.root={tmp_path}",
                            "--out", str(out)], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
-    assert sorted(p.name for p in out.iterdir()) == ["convert.sh", "nxdt_config.yaml", "sbatch_train.sh",
-                                                     "spec.yaml", "tokenize.sh", "torchrun.sh", "train_env.sh"]
+    assert sorted(p.name for p in out.iterdir()) == ["convert.sh", "nxdt_config.yaml", "precompile.sh",
+                                                     "sbatch_train.sh", "spec.yaml", "tokenize.sh", "torchrun.sh",
+                                                     "train_env.sh"]
     config = yaml.safe_load((out / "nxdt_config.yaml").read_text())
     convert = (out / "convert.sh").read_text()
     # The conversion and the training config come from one spec: they agree on every shared value.
     assert config["model"]["fuse_qkv"] is True and "--fuse-qkv" in convert
     assert " ".join(config["model"]["pipeline_cuts"]) in convert and "--hw-backend trn2" in convert
     assert config["model"]["weight_init_only"] is True
+    # Precompile traces the very launch that training runs, on each node with its own cache.
+    precompile = (out / "precompile.sh").read_text()
+    assert f"neuron_parallel_compile {(out / 'torchrun.sh').read_text().strip()} trainer.max_steps=10" in precompile
+    assert 'export NEURON_COMPILE_CACHE_URL="/workspace/neuron_cache/node-$NODE_RANK"' in precompile
     sbatch = (out / "sbatch_train.sh").read_text()
     assert "#SBATCH --nodes=8" in sbatch and "#SBATCH --time=4320" in sbatch
     assert not (tmp_path / "jobs").exists() or not any((tmp_path / "jobs").iterdir())

@@ -1,0 +1,293 @@
+"""precompile. Neuron backend: ``neuron_parallel_compile`` around the training launch, one Slurm
+job over the training's node count, so that training finds every graph in the compile cache.
+
+Each node runs what NxDT's train.sh runs with ``COMPILE=1`` (reference/nxdt.md §2): the same
+torchrun line and conf YAML as the train stage, capped at 10 steps, in a directory of its own
+where it leaves its log and the results JSON. The task turns each node's results into a table
+(node, total, succeeded, failed) and fails when a graph failed to compile; Prefect's retry then
+recompiles only the failed graphs (``--retry_failed_compilation``) on the same nodes.
+
+Work directory, on the shared filesystem (keyed by the config and the launch, so a later run of
+the same spec finds the earlier attempt's outcome)::
+
+    <paths.root>/precompile/<key>/
+        conf/nxdt_config.yaml        the conf both precompile and train load
+        attempt.json                 outcome of the latest attempt: nodes, failures
+        attempt-<time>-<id>/precompile.sh
+        attempt-<time>-<id>/node-<rank>/host, npc.log, neuron_parallel_compile_results_<t>.json
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+import shutil
+import sys
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+from prefect import task
+from prefect.artifacts import create_table_artifact
+from prefect.logging import get_run_logger
+from prefect.runtime import task_run
+
+from pretrain import manifest
+from pretrain.command import Command
+from pretrain.neuron_compile import CompileSummary, from_results, parse_npc_log
+from pretrain.spec import PretrainSpec
+from tasks.artifacts import artifact_key
+from tasks.slurm import JobRequest, SlurmJobFailed, cluster_for, expand_nodes, job_folder, run_job
+from trainer.launch.nxdt import nxdt_config, precompile_command, precompile_environment
+
+CONFIG_NAME = "nxdt_config"  # conf/<name>.yaml; train's torchrun line names the same config
+NPC_LOG = "npc.log"
+HOST_FILE = "host"
+RESULTS_GLOB = "neuron_parallel_compile_results_*.json"  # NEURON_PARALLEL_COMPILE_DUMP_RESULTS, in the CWD
+ATTEMPT_RECORD = "attempt.json"
+
+
+class PrecompileFailed(RuntimeError):
+    pass
+
+
+# ---------------------------------------------------------------- shell text
+
+def _node_path(path: str) -> str:
+    """``~`` is the home directory on the compute node, not where the script was rendered."""
+    return "$HOME" + path[1:] if path == "~" or path.startswith("~/") else path
+
+
+def shell_word(arg: str) -> str:
+    """One shell word; ``$NAME`` stays expandable on the node (``trainer.num_nodes=$NNODES``)."""
+    if "$" not in arg:
+        return shlex.quote(arg)
+    return '"' + re.sub(r'(["\\`])', r"\\\1", arg) + '"'
+
+
+def shell_line(argv: list[str]) -> str:
+    return " ".join(shell_word(a) for a in argv)
+
+
+# ---------------------------------------------------------------- the job, from the spec
+
+def per_node_cache(spec: PretrainSpec) -> bool:
+    """NFS's file locks are the problem per-node caches work around; S3 has none to share."""
+    neuron = spec.backend.neuron
+    return neuron.per_node_compile_cache and not neuron.compiler_cache_url.startswith("s3://")
+
+
+def compile_environment(spec: PretrainSpec, retry_failed: bool) -> dict[str, str]:
+    """The precompile job's environment. ``NEURON_COMPILE_CACHE_URL`` is also what the train job
+    must export: NxDT takes yaml ``compiler_cache_url`` only when the variable is unset, and the
+    yaml holds the shared root, not the per-node directory."""
+    env = precompile_environment(spec, per_node_cache(spec), retry_failed)
+    return {name: _node_path(value) for name, value in env.items()}
+
+
+def precompile_script(spec: PretrainSpec, config_dir: str, attempt_dir: str, retry_failed: bool) -> str:
+    """What each node of the job runs (NODE_RANK, NNODES and MASTER_ADDR come from the job layer)."""
+    examples = _node_path(spec.backend.neuron.examples_dir)
+    lines = [
+        "#!/usr/bin/env bash",
+        "# neuron_parallel_compile around the training launch on this node (NxDT train.sh with COMPILE=1)",
+        "set -eo pipefail",
+        "# train_setup.sh raises the open-file limit for a node's ranks; a lower hard limit set by the site stays",
+        'ulimit -n 65535 2>/dev/null || ulimit -n "$(ulimit -Hn)"',
+        *(f"export {name}={shell_word(value)}" for name, value in compile_environment(spec, retry_failed).items()),
+        "# a directory per node: neuron_parallel_compile writes its results JSON into the working directory",
+        f"node_dir={shell_word(attempt_dir + '/node-$NODE_RANK')}",
+        'mkdir -p "$node_dir"',
+        "# Slurm's name for this node, the one --nodelist takes when training is pinned to these nodes",
+        f'echo "${{SLURMD_NODENAME:-$(hostname)}}" > "$node_dir/{HOST_FILE}"',
+        "# Python resolves the link, so the orchestrator imports NxDT's modules beside its target, while",
+        "# Hydra looks for conf/ beside the link: the rendered config, not the examples' own",
+        f'ln -sfn {shell_word(examples + "/training_orchestrator.py")} "$node_dir/training_orchestrator.py"',
+        f'ln -sfn {shell_word(config_dir)} "$node_dir/conf"',
+        'cd "$node_dir"',
+        f"{shell_line(precompile_command(spec, CONFIG_NAME))} 2>&1 | tee {NPC_LOG}",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def precompile_request(spec: PretrainSpec, script: Path) -> JobRequest:
+    """One task per node, like ``srun ./train.sh``: each node runs its own neuron_parallel_compile."""
+    c = spec.cluster
+    return JobRequest("precompile", Command(["bash", str(script)]), time_limit_min=c.time_limit_min,
+                      nodes=c.nodes, tasks_per_node=1, cpus_per_task=c.cpus_per_task, mem_gb=c.mem_gb)
+
+
+def work_key(spec: PretrainSpec, config: dict) -> str:
+    """Everything that decides which graphs are compiled, and where they are cached."""
+    return manifest.stable_hash({"config": config, "launch": precompile_command(spec, CONFIG_NAME),
+                                 "env": compile_environment(spec, retry_failed=False),
+                                 "examples": spec.backend.neuron.examples_dir})[:16]
+
+
+# ---------------------------------------------------------------- each node's results
+
+def node_summary(node_dir: Path) -> CompileSummary:
+    """The results JSON when the node wrote one, else its log (JSON record, summary lines, no todo)."""
+    results = sorted(node_dir.glob(RESULTS_GLOB), key=lambda p: p.stat().st_mtime)
+    if results:
+        try:
+            return from_results(json.loads(results[-1].read_text()))
+        except ValueError:  # cut short by a killed node; the log holds the same record when it got that far
+            pass
+    log = node_dir / NPC_LOG
+    return parse_npc_log(log.read_text(errors="replace")) if log.exists() else CompileSummary()
+
+
+def node_name(node_dir: Path) -> str:
+    """The node's Slurm name; the directory name when the node never got to write it."""
+    host = node_dir / HOST_FILE
+    return host.read_text().strip() if host.exists() else node_dir.name
+
+
+def compile_rows(attempt_dir: Path, nodes: int) -> list[dict]:
+    """One row per node in rank order: node, total, succeeded, failed, and where the counts came from."""
+    rows = []
+    for rank in range(nodes):
+        node_dir = attempt_dir / f"node-{rank}"
+        rows.append(node_summary(node_dir).as_row(node_name(node_dir)))
+    return rows
+
+
+def failure_message(rows: list[dict]) -> str | None:
+    """Why the attempt must be retried, naming nodes and counts; None when every node is done."""
+    problems = []
+    failed = [r for r in rows if r["failed"]]
+    if failed:
+        problems.append("graph compilations failed on " + ", ".join(
+            f"{r['node']} ({r['failed']} of {r['total']})" for r in failed)
+            + "; the retry recompiles only those graphs (--retry_failed_compilation)")
+    silent = [r["node"] for r in rows if r["source"] == "none"]
+    if silent:
+        problems.append(f"no neuron_parallel_compile results from {', '.join(silent)}: the trial run failed or "
+                        f"never started there (see {NPC_LOG} in each node's directory)")
+    return "; ".join(problems) or None
+
+
+@dataclass(frozen=True)
+class RetryPlan:
+    retry_failed: bool
+    nodelist: tuple[str, ...]
+
+
+def retry_plan(run_count: int, previous: dict | None) -> RetryPlan:
+    """A retry, or a new run after an attempt with failed graphs, recompiles the failed graphs
+    (a cached failure is otherwise skipped and fails training instead). When graphs failed on
+    nodes that all reported, the retry goes to those nodes: their caches hold the rest, and the
+    nodes themselves are fine."""
+    graphs_failed = bool(previous and previous["failed_nodes"])
+    pin = graphs_failed and not previous["unreported_nodes"]
+    return RetryPlan(run_count > 1 or graphs_failed, tuple(previous["nodes"]) if pin else ())
+
+
+def attempt_record(rows: list[dict]) -> dict:
+    return {"nodes": [r["node"] for r in rows], "failed_nodes": {r["node"]: r["failed"] for r in rows if r["failed"]},
+            "unreported_nodes": [r["node"] for r in rows if r["source"] == "none"]}
+
+
+# ---------------------------------------------------------------- the task
+
+@task(name="precompile", retries=2, retry_delay_seconds=30)
+def precompile_neuron(spec: PretrainSpec, dataset: str, checkpoint: str | None = None) -> dict:
+    """Compile every training graph into the cache on the nodes training will use.
+
+    ``dataset`` and ``checkpoint`` are what the train stage gives the NxDT config: the HF Arrow
+    directory (Llama) or Megatron prefix (GPT), and the converted weights or None. Returns the
+    nodes in rank order (pin training to them), the conf directory and config name for the torchrun line,
+    the ``NEURON_COMPILE_CACHE_URL`` training must export, and the graph counts.
+    """
+    logger = get_run_logger()
+    config = nxdt_config(spec, dataset, checkpoint)
+    work = Path(spec.paths.root) / "precompile" / work_key(spec, config)
+    conf_dir = work / "conf"
+    conf_dir.mkdir(parents=True, exist_ok=True)
+    (conf_dir / f"{CONFIG_NAME}.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+
+    record_path = work / ATTEMPT_RECORD
+    plan = retry_plan(task_run.run_count, json.loads(record_path.read_text()) if record_path.exists() else None)
+    attempt = work / f"attempt-{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:6]}"
+    attempt.mkdir()
+    script = attempt / "precompile.sh"
+    script.write_text(precompile_script(spec, str(conf_dir), str(attempt), plan.retry_failed))
+
+    cluster = cluster_for(spec)
+    if plan.nodelist:
+        cluster = cluster.model_copy(update={"nodelist": list(plan.nodelist)})
+    logger.info("precompile in %s%s%s", attempt, " recompiling failed graphs" if plan.retry_failed else "",
+                f" on {','.join(plan.nodelist)}" if plan.nodelist else "")
+    job_error = None
+    try:
+        run_job(precompile_request(spec, script), cluster, job_folder(spec, cluster))
+    except SlurmJobFailed as exc:  # failed graphs end the job non-zero too; the node results say which
+        job_error = exc
+
+    rows = compile_rows(attempt, spec.cluster.nodes)
+    record_path.write_text(json.dumps(attempt_record(rows)))
+    cache_url = compile_environment(spec, retry_failed=False)["NEURON_COMPILE_CACHE_URL"]
+    create_table_artifact(rows, key=artifact_key(spec.name, "precompile"),
+                          description=f"neuron_parallel_compile graphs per node, attempt {task_run.run_count} "
+                                      f"({attempt}); cache {cache_url}")
+    if (problem := failure_message(rows)) is not None:
+        raise PrecompileFailed(problem + (f"\n{job_error}" if job_error else "")) from job_error
+    if job_error is not None:
+        raise job_error
+    return {"nodes": [r["node"] for r in rows], "config_dir": str(conf_dir), "config_name": CONFIG_NAME,
+            "compile_cache_url": cache_url,
+            "graphs": {k: sum(r[k] for r in rows) for k in ("total", "succeeded", "failed")},
+            "work_dir": str(work)}
+
+
+# ---------------------------------------------------------------- native backend
+
+def native_compile_rows(record_path: Path) -> list[dict]:
+    """One row per node from the trainer's per-node compile records (``<record>.compile-<host>.json``)."""
+    rows = []
+    for path in sorted(record_path.parent.glob(f"{record_path.name}.compile-*.json")):
+        counts = json.loads(path.read_text())
+        rows.append({"node": counts["node"], "graphs traced": counts["graphs"],
+                     "compiled": counts["cache_misses"], "from cache": counts["cache_hits"], "failed": 0})
+    return rows
+
+
+@task(name="precompile-native", retries=1, retry_delay_seconds=10)
+def precompile_native(spec: PretrainSpec, dataset: str, eod_id: int) -> dict:
+    """A short torch.compile warm-up on the training's node count that fills the shared compile
+    cache (inductor's; Neuron's on Trainium), so training compiles nothing itself. Returns the
+    nodes it ran on (pin training to them: a node-local cache is only warm there) and the counts."""
+    from trainer.launch import native
+
+    logger = get_run_logger()
+    work = Path(spec.paths.root) / "precompile" / f"native-{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:6]}"
+    work.mkdir(parents=True)
+    config = native.train_config(spec, dataset=dataset, run_dir=str(work), eod_id=eod_id,
+                                 steps=spec.backend.native.precompile_steps, warmup_only=True)
+    (work / "train.json").write_text(json.dumps(config, indent=2))
+    record = work / "record.json"
+    command = Command(native.torchrun_command(spec, str(work / "train.json"), str(record), python=sys.executable),
+                      env=native.environment(spec))
+    cluster = cluster_for(spec)
+    logger.info("precompile: %d-step torch.compile warm-up into %s", config["steps"], native.compile_cache_dir(spec))
+    try:
+        run_job(JobRequest(f"{spec.name}-precompile", command, time_limit_min=spec.cluster.time_limit_min,
+                           nodes=spec.cluster.nodes, cpus_per_task=spec.cluster.cpus_per_task,
+                           mem_gb=spec.cluster.mem_gb), cluster, job_folder(spec, cluster))
+    except SlurmJobFailed as failure:
+        rows = [{"node": node, "graphs traced": 0, "compiled": 0, "from cache": 0, "failed": 1}
+                for node in expand_nodes(failure.nodes)]
+        create_table_artifact(rows, key=artifact_key(spec.name, "precompile"),
+                              description="torch.compile warm-up failed; see the task log")
+        raise
+    rows = native_compile_rows(record)
+    create_table_artifact(rows, key=artifact_key(spec.name, "precompile"),
+                          description=f"torch.compile graphs per node in the warm-up ({config['steps']} steps); "
+                                      f"cache {native.compile_cache_dir(spec)}")
+    shutil.rmtree(work, ignore_errors=True)
+    return {"nodes": [r["node"] for r in rows],
+            "graphs": {k: sum(r[k] for r in rows) for k in ("graphs traced", "compiled", "from cache", "failed")}}

@@ -1,0 +1,176 @@
+"""train (native backend): ``python -m trainer train`` under torchrun on N Slurm nodes.
+
+The run directory is keyed by the spec, the dataset and the flow run, so a retry of this task,
+or a resubmission after the job died, resumes from the run's newest complete checkpoint while
+a new flow run trains afresh. While the job runs, the metrics stream is followed: progress and
+loss-curve artifacts are updated, and a run whose metrics stop advancing is cancelled and
+resubmitted. A node that Slurm reports failed is excluded from the next submission.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from prefect import task
+from prefect.logging import get_run_logger
+from prefect.runtime import flow_run
+
+from pretrain import manifest
+from pretrain.command import Command
+from pretrain.log_parsers import MetricsStream, parse_log
+from pretrain.spec import PretrainSpec
+from tasks.slurm import JobRequest, SlurmJobFailed, cluster_for, expand_nodes, job_folder, run_job
+from tasks.train_artifacts import publish_loss_curve, publish_progress
+from trainer.launch import native
+
+LOSS_CURVE_EVERY_S = 30.0
+# Slurm states after which the nodes, not the program, are suspect.
+NODE_STATES = {"NODE_FAIL", "BOOT_FAIL"}
+
+
+class TrainingFailed(RuntimeError):
+    pass
+
+
+class RunHung(RuntimeError):
+    pass
+
+
+def run_dir(spec: PretrainSpec, dataset: str) -> Path:
+    key = manifest.stable_hash({"spec": spec.model_dump(mode="json"), "dataset": dataset,
+                                "flow_run": flow_run.get_id() or "no-flow-run"})
+    return manifest.output_dir(spec.paths.root, "train", key)
+
+
+def write_config(path: Path, config: dict[str, Any]) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(config, indent=2))
+    os.replace(tmp, path)
+
+
+def eod_id(spec: PretrainSpec, data_dir: str) -> int:
+    """The tokenizer's end-of-document id, which the trainer's dataset needs."""
+    from tasks.tokenize import tokenizer_files
+    from trainer.tokenizer import load_tokenizer
+
+    files = tokenizer_files(spec, Path(data_dir))
+    return load_tokenizer(spec.tokenizer.type, vocab_file=str(files.get("--vocab-file", "")) or None,
+                          merges_file=str(files.get("--merge-file", "")) or None,
+                          model=str(files.get("--tokenizer-model", "")) or None).eod
+
+
+def excluded_after(failure: SlurmJobFailed) -> set[str]:
+    """Nodes to leave out of the next submission: those of a job that died of a node failure."""
+    return set(expand_nodes(failure.nodes)) if failure.state in NODE_STATES else set()
+
+
+class MetricsFollower:
+    """Reads the metrics JSONL as it grows; publishes progress and the loss curve; notices a hang."""
+
+    def __init__(self, spec: PretrainSpec, path: Path, total_steps: int, hang_timeout_s: float):
+        self.spec, self.path, self.total = spec, path, total_steps
+        self.hang_timeout_s = hang_timeout_s
+        self.offset = 0
+        self.partial = ""
+        self.stream = MetricsStream()
+        self.progress_id = None
+        self.last_step = -1
+        self.last_advance = time.monotonic()
+        self.last_curve = 0.0
+
+    def read(self) -> None:
+        try:
+            with open(self.path, "rb") as f:
+                f.seek(self.offset)
+                data = f.read()
+        except FileNotFoundError:
+            return
+        if self.offset > 0 and self.path.stat().st_size < self.offset:
+            # A resumed attempt rewrote the file without the steps after its checkpoint.
+            self.offset, self.partial, self.stream = 0, "", MetricsStream()
+            return self.read()
+        self.offset += len(data)
+        text = self.partial + data.decode(errors="replace")
+        complete, _, self.partial = text.rpartition("\n")
+        parse_log(complete, self.stream)
+
+    def restart(self) -> None:
+        """A new attempt: its start-up (and resume) is not a hang."""
+        self.last_advance = time.monotonic()
+
+    def poll(self) -> None:
+        self.read()
+        step = max(self.stream.points, default=0)
+        now = time.monotonic()
+        if step != self.last_step:
+            self.last_step, self.last_advance = step, now
+            self.progress_id = publish_progress(self.spec.name, step, self.total, self.progress_id)
+        if now - self.last_curve > LOSS_CURVE_EVERY_S and self.stream.points:
+            self.last_curve = now
+            publish_loss_curve(self.spec.name, self.stream.as_list())
+        if now - self.last_advance > self.hang_timeout_s:
+            raise RunHung(f"no new metrics for {self.hang_timeout_s / 60:.1f} min (last step {step}); "
+                          "cancelled as hung")
+
+
+@task(name="train", retries=1, retry_delay_seconds=10)
+def train(spec: PretrainSpec, dataset: str, data_dir: str, nodelist: list[str] | None = None) -> dict[str, Any]:
+    """Train until the configured step; returns the trainer's final record with the job history."""
+    logger = get_run_logger()
+    n = spec.backend.native
+    directory = run_dir(spec, dataset)
+    directory.mkdir(parents=True, exist_ok=True)
+    config_path, record_path = directory / "train.json", directory / "record.json"
+    config = native.train_config(spec, dataset=dataset, run_dir=str(directory), eod_id=eod_id(spec, data_dir))
+    write_config(config_path, config)
+    cluster = cluster_for(spec)
+    if nodelist:
+        cluster = cluster.model_copy(update={"nodelist": nodelist})
+    command = Command(native.torchrun_command(spec, str(config_path), str(record_path), python=sys.executable),
+                      env=native.environment(spec))
+    follower = MetricsFollower(spec, directory / "metrics.jsonl", config["steps"], n.hang_timeout_min * 60)
+    excluded: set[str] = set()
+    attempts: list[dict[str, Any]] = []
+    record: dict[str, Any] | None = None
+    for attempt in range(n.max_restarts + 1):
+        record_path.unlink(missing_ok=True)
+        if excluded and cluster.nodelist:
+            cluster = cluster.model_copy(update={"nodelist": [h for h in cluster.nodelist if h not in excluded]})
+        request = JobRequest(f"{spec.name}-train", command, time_limit_min=spec.cluster.time_limit_min,
+                             nodes=spec.cluster.nodes, cpus_per_task=spec.cluster.cpus_per_task,
+                             mem_gb=spec.cluster.mem_gb, exclude=tuple(sorted(excluded)),
+                             signal_delay_s=n.stop_signal_delay_s)
+        follower.restart()
+        started = time.monotonic()
+        jobs: list[str] = []
+        try:
+            run_job(request, cluster, job_folder(spec, cluster), on_poll=follower.poll,
+                    on_submit=lambda job: jobs.append(job.job_id))
+            outcome = "completed"
+        except SlurmJobFailed as failure:
+            excluded |= excluded_after(failure)
+            outcome = f"{failure.state}: {str(failure).splitlines()[0]}"
+        except RunHung as hung:
+            outcome = f"hung: {hung}"
+        follower.read()
+        record = json.loads(record_path.read_text()) if record_path.exists() else None
+        attempts.append({"attempt": attempt + 1, "job": jobs[0] if jobs else None, "outcome": outcome,
+                         "seconds": round(time.monotonic() - started, 1), "step": follower.last_step})
+        if record is not None and record.get("status") == "finished":
+            break
+        logger.warning("train attempt %d ended without finishing (%s); %s", attempt + 1, outcome,
+                       "resubmitting; the run resumes from its newest checkpoint" if attempt < n.max_restarts
+                       else "no restarts left")
+    points = follower.stream.as_list()
+    if points:
+        publish_loss_curve(spec.name, points)
+    if record is None or record.get("status") != "finished":
+        raise TrainingFailed(f"training did not finish after {len(attempts)} attempt(s): "
+                             + "; ".join(a["outcome"] for a in attempts))
+    return {**record, "run_dir": str(directory), "attempts": attempts, "excluded_nodes": sorted(excluded),
+            "points": len(points), "skipped_log_lines": follower.stream.skipped}

@@ -1,0 +1,77 @@
+"""The native trainer's launch from the spec: its config file and the per-node torchrun line.
+
+The config is everything ``python -m trainer train`` reads; the torchrun line takes the
+rendezvous address and node rank from the Slurm environment ($MASTER_ADDR, $NODE_RANK, filled
+in on each node by the job layer), so one line serves every node.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from pretrain.spec import PretrainSpec
+
+# torchrun forwards these to the ranks; Slurm sends USR2 ahead of the time limit (--signal).
+FORWARDED_SIGNALS = "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1,SIGUSR2"
+
+
+def train_steps(spec: PretrainSpec) -> int:
+    t = spec.training
+    return t.train_steps or -(-t.train_samples // t.global_batch_size)
+
+
+def compile_cache_dir(spec: PretrainSpec) -> str:
+    return spec.backend.native.compile_cache_dir or str(Path(spec.paths.root) / "compile-cache")
+
+
+def train_config(spec: PretrainSpec, *, dataset: str, run_dir: str, eod_id: int, init_from: str | None = None,
+                 steps: int | None = None, warmup_only: bool = False) -> dict[str, Any]:
+    """The trainer config for the run in ``run_dir``. ``warmup_only``: the precompile stage's
+    short run, which fills the compile cache and keeps no checkpoint, export or evaluation."""
+    m, t, n = spec.model, spec.training, spec.backend.native
+    train, valid, test = spec.data.split_weights
+    run = Path(run_dir)
+    return {
+        "model": {"family": m.family, "num_layers": m.num_layers, "hidden_size": m.hidden_size,
+                  "ffn_hidden_size": m.ffn_hidden_size, "num_attention_heads": m.num_attention_heads,
+                  "num_kv_heads": m.num_kv_heads, "vocab_size": m.vocab_size,
+                  "max_position_embeddings": m.max_position_embeddings, "rope_theta": m.rope_theta or 10000.0,
+                  "rope_scaling": m.rope_scaling.model_dump() if m.rope_scaling else None,
+                  "init_from": init_from if init_from is not None else m.init_from},
+        "data": {"paths": [dataset], "split": spec.data.split},
+        "optim": {"lr": t.lr, "min_lr": t.min_lr, "warmup_steps": t.warmup_steps, "decay_style": t.lr_decay_style,
+                  "weight_decay": t.weight_decay, "betas": list(t.adam_betas), "grad_clip": t.grad_clip,
+                  "max_nan_steps_in_a_row": n.max_nan_steps_in_a_row},
+        "checkpoint": {"dir": str(run / "checkpoints"), "interval": t.checkpoint_interval, "keep": n.checkpoint_keep,
+                       "async_save": n.async_checkpoint},
+        "metrics": {"jsonl_path": str(run / "metrics.jsonl"), "tensorboard_dir": str(run / "tensorboard")},
+        "parallel": {"tp": spec.parallel.tp, "activation_checkpointing": n.activation_checkpointing,
+                     "compile": n.compile},
+        "device": n.device,
+        "steps": steps or train_steps(spec),
+        "micro_batch_size": t.micro_batch_size,
+        "global_batch_size": t.global_batch_size,
+        "seq_length": m.seq_length,
+        "seed": t.seed,
+        "precision": "fp32" if t.precision == "fp32" else "bf16",
+        "eval_interval": t.eval_interval,
+        "eval_iters": t.eval_iters,
+        "benchmark": t.benchmark or warmup_only,
+        "export_hf": None if warmup_only or not n.export_hf else str(run / "hf"),
+        "eod_id": eod_id,
+    }
+
+
+def environment(spec: PretrainSpec) -> dict[str, str]:
+    """Every rank compiles into, and reads from, the shared compile cache."""
+    cache = compile_cache_dir(spec)
+    return {"TORCHINDUCTOR_CACHE_DIR": f"{cache}/inductor", "NEURON_COMPILE_CACHE_URL": f"{cache}/neuron",
+            "TORCHINDUCTOR_FX_GRAPH_CACHE": "1", "TORCHINDUCTOR_AUTOGRAD_CACHE": "1"}
+
+
+def torchrun_command(spec: PretrainSpec, config_path: str, record_path: str, python: str = "python") -> list[str]:
+    return [python, "-m", "torch.distributed.run", "--nnodes", "$NNODES", "--node_rank", "$NODE_RANK",
+            "--nproc_per_node", str(spec.cluster.devices_per_node), "--master_addr", "$MASTER_ADDR",
+            "--master_port", "$MASTER_PORT", "--max_restarts", "0", "--signals_to_handle", FORWARDED_SIGNALS,
+            "-m", "trainer", "train", "--config", config_path, "--record", record_path]

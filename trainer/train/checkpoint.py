@@ -1,0 +1,165 @@
+"""Sharded checkpoints with torch.distributed.checkpoint: written in the background, complete
+only when their marker exists, the last K kept, resume from the newest complete one.
+
+Layout: ``<dir>/step-00000050/`` holds DCP's files and, once every rank's writes and the
+metadata are on disk, ``COMPLETE``: a JSON record of the step and each file's size and CRC32.
+A directory without it (a job killed mid-write, a full disk) is never loaded and is replaced
+when that step is saved again; the previous checkpoint is deleted only after a newer one is
+complete, so a failed write never loses the last good state.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import zlib
+from concurrent.futures import Future
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.checkpoint.stateful import Stateful
+
+from trainer.train.config import CheckpointConfig
+
+MARKER = "COMPLETE"
+_STEP_DIR = re.compile(r"^step-(\d{8})$")
+
+
+class CheckpointError(RuntimeError):
+    pass
+
+
+class ModelAndOptimizer(Stateful):
+    """Model and optimizer state as DCP wants it: sharded, keyed by parameter name."""
+
+    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer):
+        self.model, self.optimizer = model, optimizer
+
+    def state_dict(self) -> dict[str, Any]:
+        model_state, optim_state = get_state_dict(self.model, self.optimizer)
+        return {"model": model_state, "optim": optim_state}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        set_state_dict(self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+
+
+def step_dir(root: Path, step: int) -> Path:
+    return root / f"step-{step:08d}"
+
+
+def complete_steps(root: Path) -> list[int]:
+    """Steps with a complete checkpoint, oldest first."""
+    if not root.is_dir():
+        return []
+    steps = []
+    for entry in root.iterdir():
+        match = _STEP_DIR.match(entry.name)
+        if match and (entry / MARKER).is_file():
+            steps.append(int(match.group(1)))
+    return sorted(steps)
+
+
+def _crc32(path: Path) -> int:
+    crc = 0
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 22):
+            crc = zlib.crc32(chunk, crc)
+    return crc
+
+
+def verify(path: Path) -> None:
+    """Every file the marker lists is there with its size and CRC32; else an error naming it."""
+    record = json.loads((path / MARKER).read_text())
+    for name, (size, crc) in record["files"].items():
+        file = path / name
+        if not file.exists():
+            raise CheckpointError(f"checkpoint {path} is damaged: {file} is missing; delete {path} to resume "
+                                  "from the checkpoint before it")
+        if file.stat().st_size != size or _crc32(file) != crc:
+            raise CheckpointError(f"checkpoint {path} is damaged: {file} does not match its recorded size/CRC32 "
+                                  f"({size} bytes); delete {path} to resume from the checkpoint before it")
+
+
+class Checkpointer:
+    def __init__(self, cfg: CheckpointConfig, rank: int):
+        self.cfg, self.rank = cfg, rank
+        self.root = Path(cfg.dir).expanduser()
+        self.pending: Future | None = None
+        self.pending_step: int | None = None
+        # Background writes run their collectives on their own group, never interleaved with
+        # the training step's collectives on the default one.
+        self.group = dist.new_group(backend="gloo") if cfg.async_save else None
+        if rank == 0:
+            self.root.mkdir(parents=True, exist_ok=True)
+
+    def latest(self) -> int | None:
+        steps = complete_steps(self.root)
+        return steps[-1] if steps else None
+
+    def load(self, state: dict[str, Any], step: int) -> None:
+        path = step_dir(self.root, step)
+        verify(path)
+        try:
+            # Per-rank entries (RNG) of a run with another world size are simply absent.
+            dcp.load(state, checkpoint_id=str(path), planner=DefaultLoadPlanner(allow_partial_load=True))
+        except Exception as exc:
+            raise CheckpointError(f"checkpoint {path} could not be read: {exc}") from exc
+
+    def save(self, state: dict[str, Any], step: int, *, blocking: bool = False) -> None:
+        self.wait()
+        path = step_dir(self.root, step)
+        if self.rank == 0 and path.exists():
+            shutil.rmtree(path)  # an incomplete write of this step by an earlier attempt
+        dist.barrier()
+        if blocking or not self.cfg.async_save:
+            try:
+                dcp.save(state, checkpoint_id=str(path))
+            except Exception as exc:
+                raise self._failed(step, exc) from exc
+            self._finish(step)
+            return
+        self.pending = dcp.async_save(state, checkpoint_id=str(path), process_group=self.group)
+        self.pending_step = step
+
+    def wait(self) -> None:
+        """Let the background write end; raise if it failed (a full disk, say)."""
+        if self.pending is None:
+            return
+        future, step = self.pending, self.pending_step
+        self.pending = self.pending_step = None
+        try:
+            future.result()
+        except Exception as exc:
+            raise self._failed(step, exc) from exc
+        self._finish(step)
+
+    def poll(self) -> None:
+        """Finish a background write that is done, without waiting for one that is not."""
+        if self.pending is not None and self.pending.done():
+            self.wait()
+
+    def _failed(self, step: int, exc: BaseException) -> CheckpointError:
+        previous = self.latest()
+        kept = f"the previous checkpoint step {previous} is intact" if previous is not None else "no earlier checkpoint exists"
+        return CheckpointError(f"writing checkpoint step {step} to {step_dir(self.root, step)} failed: {exc}; {kept}")
+
+    def _finish(self, step: int) -> None:
+        if self.rank != 0:
+            return
+        path = step_dir(self.root, step)
+        files = {p.name: (p.stat().st_size, _crc32(p)) for p in sorted(path.iterdir()) if p.is_file()}
+        tmp = path / f".{MARKER}.tmp"
+        tmp.write_text(json.dumps({"step": step, "files": files}))
+        os.replace(tmp, path / MARKER)
+        for old in complete_steps(self.root)[:-self.cfg.keep]:
+            shutil.rmtree(step_dir(self.root, old), ignore_errors=True)
+
+    def close(self) -> None:
+        self.wait()

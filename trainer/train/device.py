@@ -1,0 +1,74 @@
+"""Every device-specific choice of the trainer, in one place.
+
+The trainer is written against ``torch.accelerator`` and device-type-generic APIs, so CPU, CUDA
+and Trainium through TorchNeuron (device ``neuron``, a PrivateUse1 backend that registers its own
+process-group backend and ``torch.compile`` backend) run the same code with a different device
+string. Nothing outside this module branches on the device type.
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+
+import torch
+import torch.distributed as dist
+
+# Dense bf16 peak per device, for MFU (reference/megatron-data.md §8.1: "H100 SXM 989, H200 989,
+# A100 312 TFLOP/s"). Matched against the device name; unknown devices report no MFU rather than
+# a wrong one. PRETRAIN_PEAK_TFLOPS overrides for any device (e.g. a Trainium NeuronCore).
+PEAK_BF16_FLOPS = {"H200": 989e12, "H100": 989e12, "A100": 312e12}
+
+
+def resolve(name: str) -> torch.device:
+    """The device this rank computes on: ``auto`` is the current accelerator, else the CPU."""
+    if name == "auto":
+        accelerator = torch.accelerator.current_accelerator() if torch.accelerator.is_available() else None
+        name = accelerator.type if accelerator is not None else "cpu"
+    if name == "cpu":
+        return torch.device("cpu")
+    if not torch.accelerator.is_available() or torch.accelerator.current_accelerator().type != name:
+        raise RuntimeError(f"device={name!r} is not available on this node (torch.accelerator finds "
+                           f"{torch.accelerator.current_accelerator() if torch.accelerator.is_available() else 'none'}); "
+                           "use device=auto or run on a node that has it")
+    index = int(os.environ.get("LOCAL_RANK", "0"))
+    torch.accelerator.set_device_index(index)
+    return torch.device(name, index)
+
+
+def process_group_backend(device: torch.device) -> str:
+    """gloo on CPU, nccl on CUDA; out-of-tree devices register theirs in the same map."""
+    backend = dist.Backend.default_device_backend_map.get(device.type)
+    if backend is None:
+        raise RuntimeError(f"no torch.distributed backend is registered for device type {device.type!r}")
+    return backend
+
+
+def compile_backend(device: torch.device) -> str:
+    return "neuron" if device.type == "neuron" else "inductor"
+
+
+def compute_dtype(device: torch.device, precision: str) -> torch.dtype:
+    """bf16 on accelerators when asked; the CPU trains in fp32 (gloo, and no bf16 speed-up there)."""
+    return torch.bfloat16 if precision == "bf16" and device.type != "cpu" else torch.float32
+
+
+def peak_flops(device: torch.device) -> float | None:
+    if override := os.environ.get("PRETRAIN_PEAK_TFLOPS"):
+        return float(override) * 1e12
+    if device.type == "cuda":
+        name = torch.cuda.get_device_name(device)
+        return next((flops for key, flops in PEAK_BF16_FLOPS.items() if key in name), None)
+    return None
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type != "cpu":
+        torch.accelerator.synchronize(device)
+
+
+def max_memory_gib(device: torch.device) -> float:
+    """Peak device memory; on the CPU, the process's peak resident set."""
+    if device.type == "cpu":
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+    return torch.accelerator.max_memory_allocated(device) / 2**30

@@ -1,0 +1,104 @@
+"""Parallelism applied to a built model by functions, in a fixed order: tensor parallel,
+activation checkpointing, compile, then FSDP2. The model classes stay stock Hugging Face."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.tensor import DTensor, Shard
+from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+from trainer.train import device as devices
+from trainer.train.config import TrainConfig
+
+
+def build_mesh(device: torch.device, world_size: int, tp: int) -> DeviceMesh:
+    if world_size % tp:
+        raise ValueError(f"parallel.tp={tp} does not divide the {world_size} ranks of this run")
+    return init_device_mesh(device.type, (world_size // tp, tp), mesh_dim_names=("dp", "tp"))
+
+
+def decoder_blocks(model: torch.nn.Module) -> torch.nn.ModuleList:
+    if hasattr(model, "model"):  # LlamaForCausalLM
+        return model.model.layers
+    return model.transformer.h  # GPT2LMHeadModel
+
+
+def apply_tp(model: torch.nn.Module, tp_mesh: DeviceMesh) -> None:
+    """Megatron's layout: Q/K/V and the MLP's first matrices split by output (column), the
+    attention output and the MLP's last matrix by input (row), one all-reduce each. Each rank
+    keeps whole heads, and HF's attention reshapes with -1 heads, so it runs unchanged."""
+    if not hasattr(model, "model"):
+        raise ValueError("parallel.tp > 1 needs family=llama: GPT-2's fused Conv1D c_attn cannot be split "
+                         "by heads without reordering it; use tp=1 (FSDP) for GPT models")
+    plan = {"self_attn.q_proj": ColwiseParallel(), "self_attn.k_proj": ColwiseParallel(),
+            "self_attn.v_proj": ColwiseParallel(), "self_attn.o_proj": RowwiseParallel(),
+            "mlp.gate_proj": ColwiseParallel(), "mlp.up_proj": ColwiseParallel(), "mlp.down_proj": RowwiseParallel()}
+    for block in decoder_blocks(model):
+        parallelize_module(block, tp_mesh, plan)
+
+
+def apply_ac(model: torch.nn.Module) -> None:
+    # HF's own switch keeps parameter names unchanged, so checkpoints and exports do not depend on it.
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+
+
+def apply_compile(model: torch.nn.Module, device: torch.device) -> None:
+    """Per block, as torchtitan does: the blocks are identical, so one graph serves them all."""
+    for block in decoder_blocks(model):
+        block.compile(backend=devices.compile_backend(device), fullgraph=False)
+
+
+def apply_fsdp(model: torch.nn.Module, dp_mesh: DeviceMesh, param_dtype: torch.dtype) -> None:
+    policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)
+    for block in decoder_blocks(model):
+        fully_shard(block, mesh=dp_mesh, mp_policy=policy)
+    fully_shard(model, mesh=dp_mesh, mp_policy=policy)
+
+
+def parallelize(model: torch.nn.Module, mesh: DeviceMesh, cfg: TrainConfig, device: torch.device) -> None:
+    if mesh["tp"].size() > 1:
+        apply_tp(model, mesh["tp"])
+    if cfg.parallel.activation_checkpointing:
+        apply_ac(model)
+    if cfg.parallel.compile:
+        apply_compile(model, device)
+    apply_fsdp(model, mesh["dp"], devices.compute_dtype(device, cfg.precision))
+
+
+def grad_norm(parameters: list[torch.nn.Parameter]) -> torch.Tensor:
+    """Global L2 norm of the gradients across every rank and every mesh.
+
+    Parameters live on different meshes (2D dp x tp for the tensor-parallel matrices, 1D dp for
+    the rest), which torch's clip_grad_norm_ cannot mix. Each rank sums the squares of its local
+    shards, weighted down by how many ranks hold the same values, and one all-reduce adds them.
+    """
+    world = dist.get_world_size()
+    local = torch.zeros((), dtype=torch.float32, device=next(iter(parameters)).device)
+    for p in parameters:
+        if p.grad is None:
+            continue
+        grad = p.grad
+        copies = world
+        if isinstance(grad, DTensor):
+            sharded = math.prod(grad.device_mesh.size(i) for i, pl in enumerate(grad.placements) if isinstance(pl, Shard))
+            copies = world // sharded
+            grad = grad.to_local()
+        local += grad.float().pow(2).sum() / copies
+    dist.all_reduce(local)
+    return local.sqrt()
+
+
+def clip_gradients(parameters: list[torch.nn.Parameter], max_norm: float) -> torch.Tensor:
+    """Scale gradients so their global norm is at most ``max_norm`` (0: report only)."""
+    norm = grad_norm(parameters)
+    if max_norm > 0 and torch.isfinite(norm):
+        scale = min(max_norm / (float(norm) + 1e-6), 1.0)
+        for p in parameters:
+            if p.grad is not None:
+                p.grad.mul_(scale)
+    return norm
