@@ -74,7 +74,8 @@ def show_artifacts(flow_run_id) -> None:
             for row in data:
                 print("  " + " | ".join(str(row[c]) for c in columns))
         else:
-            print(f"  {data}")
+            # the loss curve's PNG is a data URI: the UI shows it, a terminal need not
+            print("\n".join(f"  {line}" for line in str(data).splitlines() if "data:image" not in line))
 
 
 def main() -> int:

@@ -1,5 +1,7 @@
-"""precompile. Neuron backend: ``neuron_parallel_compile`` around the training launch, one Slurm
-job over the training's node count, so that training finds every graph in the compile cache.
+"""precompile: one Slurm job over the training's node count that fills the compile cache, so
+that training finds every graph there. Native backend: a short torch.compile warm-up of the
+trainer itself (:func:`precompile_native`). Neuron backend: ``neuron_parallel_compile`` around
+the training launch (:func:`precompile_neuron`).
 
 Each node runs what NxDT's train.sh runs with ``COMPILE=1`` (reference/nxdt.md §2): the same
 torchrun line and conf YAML as the train stage, capped at 10 steps, in a directory of its own
@@ -41,6 +43,8 @@ from pretrain.neuron_compile import CompileSummary, from_results, parse_npc_log
 from pretrain.spec import PretrainSpec
 from tasks.artifacts import artifact_key
 from tasks.slurm import JobRequest, SlurmJobFailed, cluster_for, expand_nodes, job_folder, run_job
+from tasks.tokenize import eod_id
+from trainer.launch import native
 from trainer.launch.nxdt import nxdt_config, precompile_command, precompile_environment
 
 CONFIG_NAME = "nxdt_config"  # conf/<name>.yaml; train's torchrun line names the same config
@@ -257,16 +261,14 @@ def native_compile_rows(record_path: Path) -> list[dict]:
 
 
 @task(name="precompile-native", retries=1, retry_delay_seconds=10)
-def precompile_native(spec: PretrainSpec, dataset: str, eod_id: int) -> dict:
+def precompile_native(spec: PretrainSpec, dataset: str, data_dir: str) -> dict:
     """A short torch.compile warm-up on the training's node count that fills the shared compile
     cache (inductor's; Neuron's on Trainium), so training compiles nothing itself. Returns the
     nodes it ran on (pin training to them: a node-local cache is only warm there) and the counts."""
-    from trainer.launch import native
-
     logger = get_run_logger()
     work = Path(spec.paths.root) / "precompile" / f"native-{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:6]}"
     work.mkdir(parents=True)
-    config = native.train_config(spec, dataset=dataset, run_dir=str(work), eod_id=eod_id,
+    config = native.train_config(spec, dataset=dataset, run_dir=str(work), eod_id=eod_id(spec, data_dir),
                                  steps=spec.backend.native.precompile_steps, warmup_only=True)
     (work / "train.json").write_text(json.dumps(config, indent=2))
     record = work / "record.json"

@@ -52,6 +52,16 @@ def tokenizer_files(spec: PretrainSpec, data_dir: Path) -> dict[str, Path]:
     return files
 
 
+def eod_id(spec: PretrainSpec, data_dir: str) -> int:
+    """The tokenizer's end-of-document id, which the trainer's dataset needs."""
+    from trainer.tokenizer import load_tokenizer
+
+    files = tokenizer_files(spec, Path(data_dir))
+    return load_tokenizer(spec.tokenizer.type, vocab_file=str(files.get("--vocab-file", "")) or None,
+                          merges_file=str(files.get("--merge-file", "")) or None,
+                          model=str(files.get("--tokenizer-model", "")) or None).eod
+
+
 def _fingerprint(path: Path) -> str:
     parts = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
     return manifest.stable_hash([(p.name, manifest.file_sha256(p)) for p in parts])

@@ -23,8 +23,12 @@ from prefect.runtime import flow_run
 from pretrain import manifest
 from pretrain.command import Command
 from pretrain.log_parsers import MetricsStream, parse_log
+from pretrain.loss_curve import metrics_summary
 from pretrain.spec import PretrainSpec
-from tasks.slurm import JobRequest, SlurmJobFailed, cluster_for, expand_nodes, job_folder, run_job
+from tasks.precompile import native_compile_rows
+from tasks.tokenize import eod_id
+from tasks.slurm import (JobRequest, SlurmJobFailed, cluster_for, executor_kind, expand_nodes, job_folder,
+                         query_slurm_state, run_job)
 from tasks.train_artifacts import publish_loss_curve, publish_progress
 from trainer.launch import native
 
@@ -53,17 +57,6 @@ def write_config(path: Path, config: dict[str, Any]) -> None:
     os.replace(tmp, path)
 
 
-def eod_id(spec: PretrainSpec, data_dir: str) -> int:
-    """The tokenizer's end-of-document id, which the trainer's dataset needs."""
-    from tasks.tokenize import tokenizer_files
-    from trainer.tokenizer import load_tokenizer
-
-    files = tokenizer_files(spec, Path(data_dir))
-    return load_tokenizer(spec.tokenizer.type, vocab_file=str(files.get("--vocab-file", "")) or None,
-                          merges_file=str(files.get("--merge-file", "")) or None,
-                          model=str(files.get("--tokenizer-model", "")) or None).eod
-
-
 def excluded_after(failure: SlurmJobFailed) -> set[str]:
     """Nodes to leave out of the next submission: those of a job that died of a node failure."""
     return set(expand_nodes(failure.nodes)) if failure.state in NODE_STATES else set()
@@ -76,6 +69,7 @@ class MetricsFollower:
         self.spec, self.path, self.total = spec, path, total_steps
         self.hang_timeout_s = hang_timeout_s
         self.offset = 0
+        self.inode: int | None = None
         self.partial = ""
         self.stream = MetricsStream()
         self.progress_id = None
@@ -86,14 +80,15 @@ class MetricsFollower:
     def read(self) -> None:
         try:
             with open(self.path, "rb") as f:
+                inode = os.fstat(f.fileno()).st_ino
+                if inode != self.inode:
+                    # A resumed attempt rewrote the file (a new one) without the steps after
+                    # its checkpoint: read it from the start.
+                    self.inode, self.offset, self.partial, self.stream = inode, 0, "", MetricsStream()
                 f.seek(self.offset)
                 data = f.read()
         except FileNotFoundError:
             return
-        if self.offset > 0 and self.path.stat().st_size < self.offset:
-            # A resumed attempt rewrote the file without the steps after its checkpoint.
-            self.offset, self.partial, self.stream = 0, "", MetricsStream()
-            return self.read()
         self.offset += len(data)
         text = self.partial + data.decode(errors="replace")
         complete, _, self.partial = text.rpartition("\n")
@@ -138,7 +133,8 @@ def train(spec: PretrainSpec, dataset: str, data_dir: str, nodelist: list[str] |
     attempts: list[dict[str, Any]] = []
     record: dict[str, Any] | None = None
     for attempt in range(n.max_restarts + 1):
-        record_path.unlink(missing_ok=True)
+        for stale in [record_path, *directory.glob(f"{record_path.name}.compile-*.json")]:
+            stale.unlink(missing_ok=True)
         if excluded and cluster.nodelist:
             cluster = cluster.model_copy(update={"nodelist": [h for h in cluster.nodelist if h not in excluded]})
         request = JobRequest(f"{spec.name}-train", command, time_limit_min=spec.cluster.time_limit_min,
@@ -159,13 +155,18 @@ def train(spec: PretrainSpec, dataset: str, data_dir: str, nodelist: list[str] |
             outcome = f"hung: {hung}"
         follower.read()
         record = json.loads(record_path.read_text()) if record_path.exists() else None
-        attempts.append({"attempt": attempt + 1, "job": jobs[0] if jobs else None, "outcome": outcome,
+        sacct = query_slurm_state(jobs[0]) if jobs and executor_kind(cluster) == "slurm" else None
+        attempts.append({"attempt": attempt + 1, "job": jobs[0] if jobs else None,
+                         "nodes": sacct.nodes if sacct else "", "outcome": outcome,
                          "seconds": round(time.monotonic() - started, 1), "step": follower.last_step})
         if record is not None and record.get("status") == "finished":
             break
         logger.warning("train attempt %d ended without finishing (%s); %s", attempt + 1, outcome,
                        "resubmitting; the run resumes from its newest checkpoint" if attempt < n.max_restarts
                        else "no restarts left")
+    compiled = native_compile_rows(record_path) if n.compile else []
+    if any(row["compiled"] for row in compiled):
+        logger.warning("training compiled graphs the precompile stage did not cover: %s", compiled)
     points = follower.stream.as_list()
     if points:
         publish_loss_curve(spec.name, points)
@@ -173,4 +174,5 @@ def train(spec: PretrainSpec, dataset: str, data_dir: str, nodelist: list[str] |
         raise TrainingFailed(f"training did not finish after {len(attempts)} attempt(s): "
                              + "; ".join(a["outcome"] for a in attempts))
     return {**record, "run_dir": str(directory), "attempts": attempts, "excluded_nodes": sorted(excluded),
-            "points": len(points), "skipped_log_lines": follower.stream.skipped}
+            "metrics": metrics_summary(points), "skipped_log_lines": follower.stream.skipped,
+            "compiled_during_training": compiled}

@@ -36,11 +36,13 @@ def read_artifacts(state) -> dict:
 
 
 @pytest.mark.parametrize("executor", ["slurm", "local"])  # local: a fresh machine without Slurm
-def test_tiny_local_fetches_and_tokenizes_the_demo_corpus(executor, s3_endpoint, demo_tokenizer, tmp_path):
+def test_tiny_local_runs_every_stage_on_the_demo_corpus(executor, s3_endpoint, demo_tokenizer, tmp_path):
     seed_corpus(s3_endpoint)
     save_credentials_block(s3_endpoint)
+    # A short run: the trainer's own behaviour is covered in test_train_loop and test_train_task.
     overrides = [f"paths.root={tmp_path}", f"tokenizer.path={demo_tokenizer}", f"cluster.executor={executor}",
-                 "data.tokenize_shards=2"]
+                 "data.tokenize_shards=2", "training.train_steps=12", "training.checkpoint_interval=5",
+                 "training.eval_interval=6", "training.eval_iters=2", f"backend.native.compile={executor == 'slurm'}"]
     state = pretrain(preset="tiny-local", overrides=overrides, return_state=True)
     assert state.is_completed(), state.message
     out = Path(state.result()["fetch"])
@@ -60,19 +62,36 @@ def test_tiny_local_fetches_and_tokenizes_the_demo_corpus(executor, s3_endpoint,
     assert sum(r["tokens"] for r in rows) == int(dataset.sequence_lengths.sum())
     assert state.result()["tokenize"] in artifacts["tiny-local-dataset"].data
 
+    trained = state.result()["train"]
+    assert trained["status"] == "finished" and trained["step"] == 12
+    assert Path(trained["run_dir"], "hf", "model.safetensors").exists()
+    losses = [p for p in json.loads(artifacts["tiny-local-loss-points"].data) if p["loss"] is not None]
+    assert [p["step"] for p in losses] == list(range(1, 13))
+    assert "xychart-beta" in artifacts["tiny-local-loss-curve"].data
+    assert "data:image/png;base64," in artifacts["tiny-local-loss-curve"].data
+    summary = artifacts["tiny-local-run-summary"].data
+    assert trained["attempts"][0]["job"] in summary and "final train loss" in summary
+    if executor == "slurm":  # the precompile warm-up ran on the node training then used
+        compiled = json.loads(artifacts["tiny-local-precompile"].data)
+        assert compiled and compiled[0]["compiled"] > 0
+        assert [row["compiled"] for row in trained["compiled_during_training"]] == [0]
+
     again = pretrain(preset="tiny-local", overrides=overrides, return_state=True)
-    assert again.result() == state.result()
+    assert {k: again.result()[k] for k in ("fetch", "tokenize")} == {k: state.result()[k] for k in ("fetch", "tokenize")}
     assert "nothing submitted" in read_artifacts(again)["tiny-local-tokenize"].description
 
 
 def test_demo_command_runs_the_flow_and_shows_the_fetch_artifact(local_stack, tmp_path):
     env = {**os.environ, "PREFECT_HOME": str(tmp_path / "prefect"), "PRETRAIN_ROOT": str(tmp_path / "data")}
     env.pop("PREFECT_API_URL", None)  # the demo runs on the ephemeral API, like a fresh machine
-    out = subprocess.run([*PRETRAIN, "demo"], env=env, capture_output=True, text=True, timeout=600)
+    out = subprocess.run([*PRETRAIN, "demo"], env=env, capture_output=True, text=True, timeout=900)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert "artifact tiny-local-fetch (table)" in out.stdout
     assert "part-00001.jsonl" in out.stdout
     assert "artifact tiny-local-tokenize (table)" in out.stdout
+    assert "artifact tiny-local-precompile (table)" in out.stdout
+    assert "artifact tiny-local-loss-curve (markdown)" in out.stdout
+    assert "xychart-beta" in out.stdout
     assert "pretrain flow: Completed" in out.stdout
 
 

@@ -22,7 +22,7 @@ def train_steps(spec: PretrainSpec) -> int:
 
 
 def compile_cache_dir(spec: PretrainSpec) -> str:
-    return spec.backend.native.compile_cache_dir or str(Path(spec.paths.root) / "compile-cache")
+    return str(Path(spec.backend.native.compile_cache_dir or Path(spec.paths.root) / "compile-cache").expanduser())
 
 
 def train_config(spec: PretrainSpec, *, dataset: str, run_dir: str, eod_id: int, init_from: str | None = None,
@@ -39,7 +39,9 @@ def train_config(spec: PretrainSpec, *, dataset: str, run_dir: str, eod_id: int,
                   "max_position_embeddings": m.max_position_embeddings, "rope_theta": m.rope_theta or 10000.0,
                   "rope_scaling": m.rope_scaling.model_dump() if m.rope_scaling else None,
                   "init_from": init_from if init_from is not None else m.init_from},
-        "data": {"paths": [dataset], "split": spec.data.split},
+        # Megatron's sample index cache, per run: by default it would go inside the tokenize
+        # stage's content-addressed output, and a killed write there would poison later runs.
+        "data": {"paths": [dataset], "split": spec.data.split, "cache_dir": str(run / "index-cache")},
         "optim": {"lr": t.lr, "min_lr": t.min_lr, "warmup_steps": t.warmup_steps, "decay_style": t.lr_decay_style,
                   "weight_decay": t.weight_decay, "betas": list(t.adam_betas), "grad_clip": t.grad_clip,
                   "max_nan_steps_in_a_row": n.max_nan_steps_in_a_row},

@@ -80,7 +80,8 @@ def split_weights(split: str) -> tuple[float, float, float]:
     """``"969,30,1"`` as (train, valid, test) fractions; missing parts are 0, as in Megatron."""
     # plain decimals only: Megatron re-reads the string with the regex [.0-9]+
     parts = split.split(",")
-    if not 1 <= len(parts) <= 3 or not all(SPLIT_PART.fullmatch(part) for part in parts) or float(parts[0]) <= 0:
+    well_formed = 1 <= len(parts) <= 3 and all(SPLIT_PART.fullmatch(part) for part in parts)
+    if not well_formed or float(parts[0]) <= 0:
         raise ValueError(f"data.split={split!r}: give up to three non-negative comma-separated weights "
                          f"train,valid,test with a positive train weight, e.g. '969,30,1'")
     values = [float(part) for part in parts]
@@ -226,7 +227,7 @@ def _build_megatron(cfg: DataConfig, *, seq_length: int, seed: int, train_sample
     # site-packages, find no Makefile and sys.exit(1), so it is never called here.
     from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig
 
-    weights = cfg.weights
+    weights = None if cfg.weights is None else [float(w) for w in cfg.weights]
     if len(cfg.paths) > 1 and weights is None:
         weights = [1.0] * len(cfg.paths)  # Megatron's None would blend by dataset size
     elif len(cfg.paths) == 1:

@@ -94,6 +94,9 @@ class Trainer:
         train_set, self.valid_set = build_datasets(
             cfg.data, seq_length=cfg.seq_length, seed=cfg.seed, train_samples=cfg.steps * cfg.global_batch_size,
             valid_samples=valid_samples, eod_id=cfg.eod_id)
+        if cfg.evaluates and self.valid_set is None:
+            raise ValueError(f"eval_iters={cfg.eval_iters} but data.split={cfg.data.split!r} leaves no validation "
+                             "samples: give the split a validation weight, or set eval_iters=0 or benchmark=true")
         self.loader = BatchLoader(train_set, micro_batch_size=cfg.micro_batch_size, dp_rank=dp_rank, dp_size=dp_size)
         self.dp_rank, self.dp_size = dp_rank, dp_size
 

@@ -1,0 +1,129 @@
+"""Native trainer benchmarks, each a ratio measured in one run on this machine.
+
+    .venv/bin/python benchmarks/train_benchmark.py overhead [--steps 60]
+    .venv/bin/python benchmarks/train_benchmark.py tiny-local
+
+overhead: wall time per step of ``python -m trainer train`` (data loading from a Megatron
+dataset, metrics to JSONL + TensorBoard, async checkpoints every 10 steps) over a bare
+forward/backward/AdamW loop on the same model and the same batch shape (target <= 1.05).
+Both run single-process on the CPU with the same thread count; the first 10 steps are warm-up.
+
+tiny-local: ``pretrain demo`` (fetch, tokenize, precompile, train on the local Slurm cluster,
+2 data-parallel CPU processes); prints its wall time (target <= 10 min) and the final train
+loss over the first (target < 0.6).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+WARMUP = 10
+MODEL = {"family": "llama", "num_layers": 4, "hidden_size": 128, "ffn_hidden_size": 344, "num_attention_heads": 4,
+         "num_kv_heads": 2, "vocab_size": 4096, "max_position_embeddings": 128}
+SEQ, MICRO, GLOBAL = 128, 4, 16
+
+
+def synthetic_dataset(prefix: Path) -> None:
+    from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
+
+    rng = np.random.default_rng(0)
+    builder = IndexedDatasetBuilder(f"{prefix}.bin", dtype=np.uint16)
+    for _ in range(2000):
+        builder.add_document(torch.from_numpy(rng.integers(1, 4096, size=int(rng.integers(64, 512)))), [0])
+    builder.finalize(f"{prefix}.idx")
+
+
+def bare_loop(steps: int) -> float:
+    """Seconds per step after warm-up: the model, AdamW and a fixed batch, nothing else."""
+    from trainer.train.config import ModelConfig
+    from trainer.train.model import build
+
+    model = build(ModelConfig(**MODEL), seed=1234)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=True)
+    tokens = torch.randint(0, 4096, (MICRO, SEQ))
+    stamps = []
+    for _ in range(steps):
+        for _ in range(GLOBAL // MICRO):
+            logits = model(input_ids=tokens, use_cache=False).logits
+            loss = torch.nn.functional.cross_entropy(logits.float().flatten(0, 1), tokens.flatten())
+            (loss / (GLOBAL // MICRO)).backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        stamps.append(time.perf_counter())
+    return (stamps[-1] - stamps[WARMUP - 1]) / (steps - WARMUP)
+
+
+def trainer_run(work: Path, steps: int) -> float:
+    prefix = work / "data_text_document"
+    synthetic_dataset(prefix)
+    config = {"model": MODEL, "data": {"paths": [str(prefix)], "split": "100,0,0", "cache_dir": str(work / "cache")},
+              "optim": {"lr": 1e-3}, "checkpoint": {"dir": str(work / "ckpt"), "interval": 10, "keep": 2},
+              "metrics": {"jsonl_path": str(work / "metrics.jsonl"), "tensorboard_dir": str(work / "tb"),
+                          "log_interval": 10},
+              "steps": steps, "micro_batch_size": MICRO, "global_batch_size": GLOBAL, "seq_length": SEQ,
+              "precision": "fp32", "benchmark": True}
+    (work / "train.json").write_text(json.dumps(config))
+    subprocess.run([sys.executable, "-m", "trainer", "train", "--config", str(work / "train.json")], cwd=ROOT,
+                   check=True, stdout=subprocess.DEVNULL)
+    times = {}
+    for line in (work / "metrics.jsonl").read_text().splitlines():
+        record = json.loads(line)
+        if "event" not in record and "time" in record:
+            times[record["step"]] = record["time"]
+    return (times[steps] - times[WARMUP]) / (steps - WARMUP)
+
+
+def overhead(steps: int) -> None:
+    threads = torch.get_num_threads()
+    with tempfile.TemporaryDirectory() as tmp:
+        trainer_s = trainer_run(Path(tmp), steps)
+    bare_s = bare_loop(steps)
+    print(f"model: Llama {MODEL['num_layers']} layers, hidden {MODEL['hidden_size']}, seq {SEQ}, "
+          f"global batch {GLOBAL} ({GLOBAL // MICRO} micro-batches), {threads} threads, {steps} steps")
+    print(f"bare forward/backward/AdamW loop: {bare_s * 1000:.1f} ms/step")
+    print(f"python -m trainer train:          {trainer_s * 1000:.1f} ms/step (data, metrics, async checkpoints)")
+    print(f"overhead ratio: {trainer_s / bare_s:.3f} (target <= 1.05)")
+
+
+def tiny_local() -> None:
+    started = time.monotonic()
+    subprocess.run([str(ROOT / ".venv/bin/pretrain"), "demo"], cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
+    wall = time.monotonic() - started
+    root = Path(os.environ.get("PRETRAIN_ROOT", "~/.pretrain/data")).expanduser()
+    run = max((root / "train").glob("train-*/metrics.jsonl"), key=lambda p: p.stat().st_mtime)
+    losses = {}
+    for line in run.read_text().splitlines():
+        record = json.loads(line)
+        if "loss" in record and "event" not in record:
+            losses[record["step"]] = record["loss"]
+    first, last = losses[min(losses)], losses[max(losses)]
+    print(f"pretrain demo (fetch, tokenize, precompile, train {max(losses)} steps): {wall / 60:.1f} min (target <= 10)")
+    print(f"train loss {first:.3f} -> {last:.3f}: final/initial = {last / first:.3f} (target < 0.6); "
+          f"median of the last 10 steps {statistics.median(losses[s] for s in sorted(losses)[-10:]):.3f}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("which", choices=["overhead", "tiny-local"])
+    parser.add_argument("--steps", type=int, default=60)
+    args = parser.parse_args()
+    overhead(args.steps) if args.which == "overhead" else tiny_local()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,466 @@
+"""The native trainer end to end, as the node program ``python -m trainer train`` in real
+subprocesses (alone, and under torchrun with two CPU ranks on gloo): exact resumption after a
+crash and after a stop signal, incomplete and damaged checkpoints, bad configs, non-finite losses,
+Hugging Face export and continual pre-training, tensor parallelism, and a full disk during a
+checkpoint. A 2-layer Llama (hidden 64, GQA 4/2 heads) trains on a tiny learnable corpus."""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from trainer.indexed_dataset import IndexedDatasetWriter
+from trainer.launch.native import FORWARDED_SIGNALS
+from trainer.train.checkpoint import MARKER, complete_steps, step_dir, verify
+
+REPO = Path(__file__).resolve().parents[1]
+STEPS = 20
+INTERVAL = 5
+VOCAB = 512
+PATTERN = 32  # documents use ids 1..PATTERN only: a pattern the tiny model learns in a few steps
+
+
+# ------------------------------------------------------------------------------ fixtures
+
+
+def write_corpus(prefix: Path) -> str:
+    """Arithmetic sequences modulo PATTERN, each document ending with EOD (0)."""
+    rng = np.random.default_rng(0)
+    documents = []
+    for _ in range(300):
+        length, start, stride = int(rng.integers(20, 200)), int(rng.integers(0, PATTERN)), int(rng.integers(1, 4))
+        documents.append(np.array([(start + stride * k) % PATTERN + 1 for k in range(length)] + [0]))
+    writer = IndexedDatasetWriter(prefix, np.uint16)
+    writer.add_documents(np.concatenate(documents), np.array([len(d) for d in documents]))
+    writer.finalize()
+    return str(prefix)
+
+
+def train_config(run: Path, corpus: str, **overrides) -> dict:
+    """The config of a run whose outputs all live under ``run``; ``overrides`` replace top-level
+    values, and dicts are merged into their section (``optim={"lr": 1.0}``)."""
+    cfg = {
+        "model": {"family": "llama", "num_layers": 2, "hidden_size": 64, "ffn_hidden_size": 172,
+                  "num_attention_heads": 4, "num_kv_heads": 2, "vocab_size": VOCAB, "max_position_embeddings": 64},
+        "data": {"paths": [corpus], "split": "98,2,0", "cache_dir": str(Path(corpus).parent / "cache")},
+        "optim": {"lr": 1e-2, "min_lr": 1e-3, "warmup_steps": 2},
+        "checkpoint": {"dir": str(run / "checkpoints"), "interval": INTERVAL, "keep": 2},
+        "metrics": {"jsonl_path": str(run / "metrics.jsonl")},
+        "device": "cpu",
+        "steps": STEPS, "micro_batch_size": 2, "global_batch_size": 4, "seq_length": 32, "seed": 7,
+        "precision": "fp32", "eval_iters": 0, "export_hf": str(run / "hf"), "eod_id": 0,
+    }
+    for key, value in overrides.items():
+        if isinstance(value, dict) and isinstance(cfg.get(key), dict):
+            cfg[key] = {**cfg[key], **value}
+        else:
+            cfg[key] = value
+    return cfg
+
+
+def write_config(run: Path, cfg: dict) -> Path:
+    run.mkdir(parents=True, exist_ok=True)
+    path = run / "train.json"
+    path.write_text(json.dumps(cfg, indent=1))
+    return path
+
+
+def command(run: Path, nproc: int) -> list[str]:
+    node_program = ["-m", "trainer", "train", "--config", str(run / "train.json"), "--record", str(run / "record.json")]
+    if nproc == 1:
+        return [sys.executable, *node_program]
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc),
+            "--max_restarts", "0", "--signals_to_handle", FORWARDED_SIGNALS, *node_program]
+
+
+def environment() -> dict[str, str]:
+    return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+
+
+@dataclass
+class Finished:
+    rc: int
+    output: str
+
+
+def train(run: Path, nproc: int = 1, timeout: float = 300) -> Finished:
+    done = subprocess.run(command(run, nproc), cwd=REPO, env=environment(), stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True, timeout=timeout)
+    return Finished(done.returncode, done.stdout)
+
+
+def start(run: Path, nproc: int = 1) -> subprocess.Popen:
+    """A run in the background, in its own session, its output in ``run/log``."""
+    log = open(run / "log", "w")
+    try:
+        return subprocess.Popen(command(run, nproc), cwd=REPO, env=environment(), stdout=log,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+    finally:
+        log.close()
+
+
+def children(pid: int) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                found.append(int(entry.name))
+    return found
+
+
+def kill_all(proc: subprocess.Popen) -> None:
+    """SIGKILL a run and every rank at once, as a node failure would: torchrun starts each rank in
+    a session of its own, so the ranks are found as its children and killed by their groups."""
+    if proc.poll() is not None:
+        return
+    ranks = children(proc.pid)
+    for pid in [proc.pid, *ranks]:
+        try:
+            os.killpg(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    proc.wait(30)
+    deadline = time.monotonic() + 30
+    while any(Path(f"/proc/{pid}").exists() and "(Z)" not in _state(pid) for pid in ranks):
+        assert time.monotonic() < deadline, f"ranks {ranks} survived SIGKILL"
+        time.sleep(0.05)
+
+
+def _state(pid: int) -> str:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return "(Z)"
+    return f"({stat.rsplit(')', 1)[1].split()[0]})"
+
+
+def wait_until(condition, proc: subprocess.Popen, run: Path, timeout: float = 240) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if proc.poll() is not None:
+            pytest.fail(f"the run ended (status {proc.returncode}) before the test could act:\n"
+                        f"{(run / 'log').read_text()[-4000:]}")
+        assert time.monotonic() < deadline, "timed out waiting for the run"
+        time.sleep(0.01)
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    if not path.exists():
+        return []
+    lines = []
+    for line in path.read_text().splitlines():
+        try:
+            lines.append(json.loads(line))
+        except ValueError:
+            pass  # the torn last line of a writer caught mid-write
+    return lines
+
+
+def metrics(run: Path) -> list[dict]:
+    return read_jsonl(run / "metrics.jsonl")
+
+
+def step_lines(run: Path) -> list[dict]:
+    return [r for r in metrics(run) if "event" not in r and "loss" in r]
+
+
+def logged_steps(run: Path) -> list[int]:
+    return [r["step"] for r in step_lines(run)]
+
+
+def losses(run: Path) -> dict[int, float]:
+    return {r["step"]: r["loss"] for r in step_lines(run)}
+
+
+def events(run: Path, name: str) -> list[dict]:
+    return [r for r in metrics(run) if r.get("event") == name]
+
+
+def latest_complete(run: Path) -> int | None:
+    steps = complete_steps(run / "checkpoints")
+    return steps[-1] if steps else None
+
+
+def assert_losses_match(run: Path, reference: dict[int, float], tolerance: float) -> None:
+    got = losses(run)
+    assert sorted(got) == sorted(reference)
+    worst = max(abs(got[s] - reference[s]) for s in reference)
+    assert worst <= tolerance, f"largest loss difference {worst:.3g} > {tolerance}: {got} vs {reference}"
+
+
+def assert_finished(done: Finished) -> None:
+    assert done.rc == 0, done.output[-6000:]
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory) -> str:
+    return write_corpus(tmp_path_factory.mktemp("corpus") / "pattern_text_document")
+
+
+@pytest.fixture(scope="module")
+def baseline(corpus, tmp_path_factory) -> Path:
+    """An uninterrupted single-process run of STEPS steps, with its checkpoints and HF export."""
+    run = tmp_path_factory.mktemp("baseline")
+    write_config(run, train_config(run, corpus))
+    assert_finished(train(run))
+    assert logged_steps(run) == list(range(1, STEPS + 1))
+    return run
+
+
+@pytest.fixture(scope="module")
+def dp_baseline(corpus, tmp_path_factory) -> dict[int, float]:
+    """Per-step losses of an uninterrupted run under torchrun: two data-parallel ranks (FSDP2, gloo)."""
+    run = tmp_path_factory.mktemp("dp-baseline")
+    write_config(run, train_config(run, corpus))
+    assert_finished(train(run, nproc=2))
+    assert logged_steps(run) == list(range(1, STEPS + 1))
+    return losses(run)
+
+
+def copy_run(source: Path, run: Path, corpus: str) -> None:
+    """``source``'s checkpoints and metrics under ``run``, with ``run``'s own config."""
+    shutil.copytree(source / "checkpoints", run / "checkpoints")
+    shutil.copy(source / "metrics.jsonl", run / "metrics.jsonl")
+    write_config(run, train_config(run, corpus))
+
+
+# ---------------------------------------------------------------------- crash and resume
+
+
+def test_killed_run_resumes_exactly_under_torchrun(corpus, dp_baseline, tmp_path):
+    run = tmp_path / "run"
+    write_config(run, train_config(run, corpus))
+    proc = start(run, nproc=2)
+    try:
+        # A crash after a checkpoint is complete and before the next: steps past it are logged.
+        wait_until(lambda: (c := latest_complete(run)) is not None and max(logged_steps(run), default=0) > c,
+                   proc, run)
+    finally:
+        kill_all(proc)
+    resume_from = latest_complete(run)
+    lost = [s for s in logged_steps(run) if s > resume_from]
+    assert lost and max(lost) < STEPS, f"the kill came at the wrong time: checkpoint {resume_from}, logged {lost}"
+
+    done = train(run, nproc=2)
+    assert_finished(done)
+    assert [e["from_step"] for e in events(run, "resumed")] == [resume_from]
+    # Every step once: the killed attempt's steps after its checkpoint were dropped, not repeated.
+    assert logged_steps(run) == list(range(1, STEPS + 1))
+    assert_losses_match(run, dp_baseline, 1e-5)
+    assert json.loads((run / "record.json").read_text())["resumed_from"] == resume_from
+
+
+def test_stop_signal_forwarded_by_torchrun_saves_and_resumes(corpus, dp_baseline, tmp_path):
+    run = tmp_path / "run"
+    write_config(run, train_config(run, corpus))
+    proc = start(run, nproc=2)
+    try:
+        wait_until(lambda: max(logged_steps(run), default=0) >= 3, proc, run)
+        proc.send_signal(signal.SIGUSR2)  # to torchrun only, as Slurm's --signal reaches the job step
+        rc = proc.wait(120)
+    finally:
+        kill_all(proc)
+    log = (run / "log").read_text()
+    # torchrun re-raises the signal it forwarded and exits non-zero itself (its workers' status 3
+    # is not passed on); the trainer's own record and metrics say it stopped cleanly.
+    assert rc != 0, log[-4000:]
+    record = json.loads((run / "record.json").read_text())
+    assert record["status"] == "stopped" and record["signal"] == "SIGUSR2", record
+    stop = record["step"]
+    assert 3 <= stop < STEPS
+    assert f"stopped by SIGUSR2 at step {stop}" in log
+    assert [e["step"] for e in events(run, "stopped")] == [stop]
+    assert logged_steps(run) == list(range(1, stop + 1))
+    assert latest_complete(run) == stop
+    verify(step_dir(run / "checkpoints", stop))
+
+    done = train(run, nproc=2)
+    assert_finished(done)
+    assert [e["from_step"] for e in events(run, "resumed")] == [stop]
+    assert logged_steps(run) == list(range(1, STEPS + 1))
+    assert_losses_match(run, dp_baseline, 1e-5)
+
+
+def test_stop_signal_alone_exits_3_after_a_complete_checkpoint(corpus, tmp_path):
+    run = tmp_path / "run"
+    write_config(run, train_config(run, corpus, export_hf=None))
+    proc = start(run)
+    try:
+        wait_until(lambda: max(logged_steps(run), default=0) >= 3, proc, run)
+        proc.send_signal(signal.SIGUSR1)
+        rc = proc.wait(120)
+    finally:
+        kill_all(proc)
+    assert rc == 3, (run / "log").read_text()[-4000:]
+    record = json.loads((run / "record.json").read_text())
+    assert record["status"] == "stopped" and record["signal"] == "SIGUSR1"
+    assert latest_complete(run) == record["step"] == max(logged_steps(run))
+    verify(step_dir(run / "checkpoints", record["step"]))
+
+
+def test_half_written_newest_checkpoint_is_skipped(corpus, baseline, tmp_path):
+    run = tmp_path / "run"
+    copy_run(baseline, run, corpus)
+    assert complete_steps(run / "checkpoints") == [STEPS - INTERVAL, STEPS]
+    (step_dir(run / "checkpoints", STEPS) / MARKER).unlink()  # killed before its marker was written
+
+    assert_finished(train(run))
+    assert [e["from_step"] for e in events(run, "resumed")] == [STEPS - INTERVAL]
+    assert logged_steps(run) == list(range(1, STEPS + 1))
+    assert_losses_match(run, losses(baseline), 1e-5)
+    assert complete_steps(run / "checkpoints") == [STEPS - INTERVAL, STEPS]
+    verify(step_dir(run / "checkpoints", STEPS))
+
+
+def test_corrupted_shard_fails_naming_the_file(corpus, baseline, tmp_path):
+    run = tmp_path / "run"
+    copy_run(baseline, run, corpus)
+    shard = step_dir(run / "checkpoints", STEPS) / "__0_0.distcp"
+    data = bytearray(shard.read_bytes())
+    size = len(data)
+    for i in range(size // 2, size // 2 + 16):
+        data[i] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    assert shard.stat().st_size == size
+
+    done = train(run)
+    assert done.rc == 1, done.output[-4000:]
+    assert str(shard) in done.output and "damaged" in done.output, done.output[-4000:]
+    assert not events(run, "resumed")
+
+
+# ------------------------------------------------------------------------------ bad input
+
+
+def test_unknown_config_field_exits_2_naming_it(corpus, tmp_path):
+    run = tmp_path / "run"
+    write_config(run, train_config(run, corpus, optim={"learning_rate": 1e-3}))
+    done = train(run)
+    assert done.rc == 2, done.output[-4000:]
+    assert "optim: unknown field(s) learning_rate" in done.output
+
+
+def test_sequence_longer_than_positions_exits_2_naming_both_fields(corpus, tmp_path):
+    run = tmp_path / "run"
+    write_config(run, train_config(run, corpus, seq_length=128))
+    done = train(run)
+    assert done.rc == 2, done.output[-4000:]
+    assert "seq_length=128" in done.output and "model.max_position_embeddings=64" in done.output
+
+
+def test_dataset_without_its_index_fails_naming_the_missing_file(corpus, tmp_path):
+    prefix = tmp_path / "data" / "noidx_text_document"
+    prefix.parent.mkdir()
+    shutil.copy(f"{corpus}.bin", f"{prefix}.bin")
+    run = tmp_path / "run"
+    write_config(run, train_config(run, str(prefix)))
+    done = train(run)
+    assert done.rc != 0
+    assert f"{prefix}.idx is missing" in done.output, done.output[-4000:]
+    assert not logged_steps(run)
+
+
+def test_non_finite_losses_in_a_row_stop_the_run(corpus, tmp_path):
+    run = tmp_path / "run"
+    write_config(run, train_config(run, corpus, optim={"lr": 1e6, "min_lr": 0.0, "warmup_steps": 0,
+                                                         "max_nan_steps_in_a_row": 2}))
+    done = train(run)
+    assert done.rc == 1, done.output[-4000:]
+    assert "not finite for 2 steps in a row" in done.output, done.output[-4000:]
+    lines = step_lines(run)
+    # The last two steps were skipped: their loss or gradient norm is not a finite number.
+    assert [r["nan_iterations"] for r in lines[-2:]] == [1, 2]
+    assert all(r["loss"] is None or r.get("grad_norm") is None for r in lines[-2:])
+    assert all(r["nan_iterations"] == 0 and math.isfinite(r["loss"]) for r in lines[:-2])
+
+
+# ------------------------------------------------------------------ export and continual
+
+
+def test_export_loads_in_transformers_and_continues_pretraining(corpus, baseline, tmp_path):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    hf = baseline / "hf"
+    assert (hf / "config.json").is_file() and (hf / "model.safetensors").is_file()
+    model = AutoModelForCausalLM.from_pretrained(hf)
+    assert model.config.num_hidden_layers == 2 and model.config.num_key_value_heads == 2
+    # The exported weights are the trained ones: the corpus's pattern is predicted well.
+    tokens = torch.tensor([[(3 + 2 * k) % PATTERN + 1 for k in range(32)]])
+    with torch.no_grad():
+        pattern_loss = float(model(input_ids=tokens, labels=tokens).loss)
+    assert pattern_loss < 3.0, pattern_loss
+
+    trained = losses(baseline)
+    fresh_first, final = trained[1], trained[STEPS]
+    run = tmp_path / "continued"
+    write_config(run, train_config(run, corpus, steps=2, export_hf=None, model={"init_from": str(hf)}))
+    assert_finished(train(run))
+    first = losses(run)[1]
+    assert abs(first - final) < 0.5, (first, final)
+    assert first < fresh_first - 2.0, (first, fresh_first)
+
+
+def test_init_from_checkpoint_of_another_shape_fails_naming_the_key(corpus, baseline, tmp_path):
+    hf = tmp_path / "hf"
+    shutil.copytree(baseline / "hf", hf)
+    config = json.loads((hf / "config.json").read_text())
+    config["num_hidden_layers"] = 3
+    (hf / "config.json").write_text(json.dumps(config))
+    run = tmp_path / "run"
+    write_config(run, train_config(run, corpus, model={"init_from": str(hf)}))
+    done = train(run)
+    assert done.rc == 1, done.output[-4000:]
+    assert "num_hidden_layers=3 (spec model.num_layers=2)" in done.output, done.output[-4000:]
+
+
+# ----------------------------------------------------------------------- tensor parallel
+
+
+def test_tensor_parallel_matches_one_process(corpus, baseline, tmp_path):
+    run = tmp_path / "run"
+    write_config(run, train_config(run, corpus, parallel={"tp": 2}, export_hf=None))
+    assert_finished(train(run, nproc=2))
+    assert_losses_match(run, losses(baseline), 1e-4)
+
+
+# ---------------------------------------------------------------------------- disk full
+
+
+def test_full_disk_during_a_checkpoint_keeps_the_previous_one(corpus, baseline, tmp_path):
+    checkpoint = step_dir(baseline / "checkpoints", STEPS)
+    size = sum(f.stat().st_size for f in checkpoint.iterdir())
+    mount = tmp_path / "checkpoints"
+    mount.mkdir()
+    # Room for one checkpoint and a half: the first fits, the second cannot.
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size * 3 // 2 // 1024}k", "tmpfs", str(mount)],
+                          capture_output=True, text=True)
+    assert done.returncode == 0, f"cannot mount a tmpfs (root needed): {done.stderr}"
+    try:
+        run = tmp_path / "run"
+        write_config(run, train_config(run, corpus, steps=2 * INTERVAL, export_hf=None,
+                                       checkpoint={"dir": str(mount)}))
+        done = train(run)
+        assert done.rc == 1, done.output[-4000:]
+        assert (f"writing checkpoint step {2 * INTERVAL} to {step_dir(mount, 2 * INTERVAL)} failed" in done.output
+                and f"the previous checkpoint step {INTERVAL} is intact" in done.output), done.output[-4000:]
+        assert complete_steps(mount) == [INTERVAL]
+        verify(step_dir(mount, INTERVAL))
+    finally:
+        subprocess.run(["umount", str(mount)], check=True)
