@@ -43,7 +43,8 @@ def synthetic_dataset(prefix: Path) -> None:
     rng = np.random.default_rng(0)
     builder = IndexedDatasetBuilder(f"{prefix}.bin", dtype=np.uint16)
     for _ in range(2000):
-        builder.add_document(torch.from_numpy(rng.integers(1, 4096, size=int(rng.integers(64, 512)))), [0])
+        document = torch.from_numpy(rng.integers(1, 4096, size=int(rng.integers(64, 512))))
+        builder.add_document(document, [len(document)])
     builder.finalize(f"{prefix}.idx")
 
 

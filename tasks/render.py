@@ -17,11 +17,12 @@ from pretrain.spec import PretrainSpec
 from tasks.artifacts import artifact_key
 from tasks.precompile import CONFIG_NAME, precompile_script, shell_line
 from tasks.slurm import JobRequest, job_folder, slurm_parameters
-from trainer.launch import megatron_lm, nxdt
+from trainer.launch import megatron_lm, native, nxdt
 from trainer.launch.convert_command import convert_command
 
 # Where outputs of earlier stages will be; the real paths are content-addressed at run time.
 FETCHED, DATASET, CONVERTED, CHECKPOINTS = "<fetch-output>", "<tokenize-output>", "<convert-output>", "<checkpoints>"
+TRAIN_RUN = "<train-run>"
 PRECOMPILE_DIR = "<precompile-dir>"
 
 
@@ -57,6 +58,13 @@ def render_files(spec: PretrainSpec, cluster: SlurmCluster | None = None) -> dic
         files["torchrun.sh"] = _shell(nxdt.torchrun_command(spec, CONFIG_NAME))
         files["precompile.sh"] = precompile_script(spec, f"{PRECOMPILE_DIR}/conf", f"{PRECOMPILE_DIR}/attempt",
                                                    retry_failed=False)
+    elif spec.backend.kind == "native":
+        # the tokenizer's end-of-document id is looked up when the run is submitted
+        config = native.train_config(spec, dataset=f"{DATASET}/data_text_document", run_dir=TRAIN_RUN, eod_id=0)
+        files["train.json"] = json.dumps(config, indent=2) + "\n"
+        files["train_env.sh"] = "".join(f"export {k}={v}\n" for k, v in native.environment(spec).items())
+        files["torchrun.sh"] = _shell(native.torchrun_command(spec, f"{TRAIN_RUN}/train.json",
+                                                              f"{TRAIN_RUN}/record.json"))
     elif spec.backend.kind == "megatron-lm":
         files["torchrun.sh"] = _shell(megatron_lm.torchrun_command(spec, f"{DATASET}/data_text_document", CHECKPOINTS))
         settings = spec.backend.megatron_lm
@@ -78,7 +86,7 @@ def publish_rendered(spec: PretrainSpec) -> list[str]:
     """dry_run: every rendered file as a markdown artifact, nothing submitted."""
     files = render_files(spec)
     for name, text in files.items():
-        language = "yaml" if name.endswith(".yaml") else "bash"
+        language = {"yaml": "yaml", "json": "json"}.get(name.rsplit(".", 1)[-1], "bash")
         create_markdown_artifact(f"**{name}**\n\n```{language}\n{text}```",
                                  key=artifact_key(spec.name, "render-" + name.split(".")[0].replace("_", "-")),
                                  description=f"{name} rendered for {spec.name} (dry run)")

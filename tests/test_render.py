@@ -49,3 +49,25 @@ def test_flow_dry_run_publishes_rendered_files_and_submits_nothing(tmp_path):
     assert "--container-image=nvcr.io/nvidia/pytorch:24.09-py3" in by_key["gpt3-7-5b-gpu-render-sbatch-train"]
     assert "--global-batch-size 288" in by_key["gpt3-7-5b-gpu-render-torchrun"]
     assert not (tmp_path / "fetch").exists() and not (tmp_path / "jobs").exists()
+
+
+def test_render_native_writes_the_trainer_config_the_node_program_accepts(tmp_path):
+    """The dry run of the native backend renders the very config `python -m trainer train` reads,
+    and one torchrun line for every node, with Slurm's stop signals forwarded to the ranks."""
+    import json
+
+    from trainer.train.config import TrainConfig
+
+    out = tmp_path / "rendered"
+    done = subprocess.run([sys.executable, "-m", "pretrain.cli", "render", "tiny-local", "--set",
+                           f"paths.root={tmp_path}", "--out", str(out)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert {"train.json", "torchrun.sh", "train_env.sh", "sbatch_train.sh"} <= {p.name for p in out.iterdir()}
+    config = TrainConfig.from_file(out / "train.json")
+    assert (config.steps, config.global_batch_size, config.seq_length) == (400, 16, 128)
+    assert config.parallel.compile and config.model.num_kv_heads == 2
+    torchrun = (out / "torchrun.sh").read_text()
+    assert "--nproc_per_node 2" in torchrun and "--node_rank \"$NODE_RANK\"" in torchrun
+    assert "SIGUSR2" in torchrun and "-m trainer train --config" in torchrun
+    assert f"TORCHINDUCTOR_CACHE_DIR={tmp_path}/compile-cache/inductor" in (out / "train_env.sh").read_text()
+    assert json.loads((out / "train.json").read_text())["checkpoint"]["dir"].endswith("/checkpoints")

@@ -29,6 +29,8 @@ from torch.distributed.checkpoint.stateful import Stateful
 from trainer.train.config import CheckpointConfig
 
 MARKER = "COMPLETE"
+# DCP reports a failed save or load on any rank as CheckpointException, a BaseException.
+_FAILED = (Exception, dcp.CheckpointException)
 _STEP_DIR = re.compile(r"^step-(\d{8})$")
 
 
@@ -109,7 +111,7 @@ class Checkpointer:
         try:
             # Per-rank entries (RNG) of a run with another world size are simply absent.
             dcp.load(state, checkpoint_id=str(path), planner=DefaultLoadPlanner(allow_partial_load=True))
-        except Exception as exc:
+        except _FAILED as exc:
             raise CheckpointError(f"checkpoint {path} could not be read: {exc}") from exc
 
     def save(self, state: dict[str, Any], step: int, *, blocking: bool = False) -> None:
@@ -121,7 +123,7 @@ class Checkpointer:
         if blocking or not self.cfg.async_save:
             try:
                 dcp.save(state, checkpoint_id=str(path))
-            except Exception as exc:
+            except _FAILED as exc:
                 raise self._failed(step, exc) from exc
             self._finish(step)
             return
@@ -136,7 +138,7 @@ class Checkpointer:
         self.pending = self.pending_step = None
         try:
             future.result()
-        except Exception as exc:
+        except _FAILED as exc:
             raise self._failed(step, exc) from exc
         self._finish(step)
 
