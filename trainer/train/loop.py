@@ -111,6 +111,7 @@ class Trainer:
             seq_length=cfg.seq_length, gated_mlp=m.family == "llama")
         self.peak_flops = devices.peak_flops(self.device)
         self.stop_signal: int | None = None
+        self.stopping = False  # every rank's common decision, from the step's all-reduce
         for sig in STOP_SIGNALS:
             signal.signal(sig, self._on_stop_signal)
 
@@ -153,7 +154,10 @@ class Trainer:
         packed = torch.stack([total.float(), torch.tensor(float(self.stop_signal is not None), device=self.device)])
         dist.all_reduce(packed)
         loss_value = packed[0].item() / self.world
-        if packed[1].item() > 0 and self.stop_signal is None:
+        # Stop on the reduced flag only: a signal landing after this all-reduce is seen by some
+        # ranks alone, and acting on it there would leave the others in the next step's collectives.
+        self.stopping = packed[1].item() > 0
+        if self.stopping and self.stop_signal is None:
             self.stop_signal = signal.SIGTERM
         norm = clip_gradients(self.params, self.cfg.optim.grad_clip)
         finite = torch.isfinite(torch.tensor(loss_value)) and torch.isfinite(norm)
@@ -215,7 +219,7 @@ class Trainer:
                 val = self.validate()
                 self.metrics.log_eval(self.step, val)
                 last.update(val)
-            if self.stop_signal is not None:
+            if self.stopping:
                 return self._stop()
             if self.step % cfg.checkpoint.interval == 0 and self.step < cfg.steps:
                 self.checkpointer.save(self.state(), self.step)
