@@ -28,10 +28,11 @@ def compile_cache_dir(spec: PretrainSpec) -> str:
 def train_config(spec: PretrainSpec, *, dataset: str, run_dir: str, eod_id: int, init_from: str | None = None,
                  steps: int | None = None, warmup_only: bool = False) -> dict[str, Any]:
     """The trainer config for the run in ``run_dir``. ``warmup_only``: the precompile stage's
-    short run, which fills the compile cache and keeps no checkpoint, export or evaluation."""
+    short run, which fills the compile cache and exports nothing; it evaluates once when
+    training will, so the evaluation graphs are compiled too."""
     m, t, n = spec.model, spec.training, spec.backend.native
-    train, valid, test = spec.data.split_weights
     run = Path(run_dir)
+    steps = steps or train_steps(spec)
     return {
         "model": {"family": m.family, "num_layers": m.num_layers, "hidden_size": m.hidden_size,
                   "ffn_hidden_size": m.ffn_hidden_size, "num_attention_heads": m.num_attention_heads,
@@ -51,15 +52,15 @@ def train_config(spec: PretrainSpec, *, dataset: str, run_dir: str, eod_id: int,
         "parallel": {"tp": spec.parallel.tp, "activation_checkpointing": n.activation_checkpointing,
                      "compile": n.compile},
         "device": n.device,
-        "steps": steps or train_steps(spec),
+        "steps": steps,
         "micro_batch_size": t.micro_batch_size,
         "global_batch_size": t.global_batch_size,
         "seq_length": m.seq_length,
         "seed": t.seed,
         "precision": "fp32" if t.precision == "fp32" else "bf16",
-        "eval_interval": t.eval_interval,
-        "eval_iters": t.eval_iters,
-        "benchmark": t.benchmark or warmup_only,
+        "eval_interval": steps if warmup_only else t.eval_interval,
+        "eval_iters": min(t.eval_iters, 1) if warmup_only else t.eval_iters,
+        "benchmark": t.benchmark,
         "export_hf": None if warmup_only or not n.export_hf else str(run / "hf"),
         "eod_id": eod_id,
     }

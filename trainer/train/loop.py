@@ -171,10 +171,6 @@ class Trainer:
             self.nan_total += 1
         self.optimizer.zero_grad(set_to_none=True)
         self.step += 1
-        if self.nan_in_a_row >= self.cfg.optim.max_nan_steps_in_a_row:
-            raise NonFiniteLoss(f"loss or gradient norm was not finite for {self.nan_in_a_row} steps in a row "
-                                f"(up to step {self.step}); lower optim.lr or check the data, then resume from "
-                                f"the last checkpoint")
         return {"loss": loss_value, "grad_norm": float(norm), "nan_iterations": self.nan_total}
 
     @torch.no_grad()
@@ -213,6 +209,10 @@ class Trainer:
             if (pct := mfu(tokens_per_s / self.world, self.flops_per_token, self.peak_flops)) is not None:
                 metrics["mfu_pct"] = pct
             self.metrics.log_step(self.step, metrics)
+            if self.nan_in_a_row >= cfg.optim.max_nan_steps_in_a_row:
+                raise NonFiniteLoss(f"loss or gradient norm was not finite for {self.nan_in_a_row} steps in a row "
+                                    f"(up to step {self.step}); lower optim.lr or check the data, then resume "
+                                    "from the last checkpoint")
             last.update(metrics)
             self.checkpointer.poll()
             if cfg.evaluates and self.step % cfg.eval_interval == 0:
