@@ -6,7 +6,6 @@ checkpoint. A 2-layer Llama (hidden 64, GQA 4/2 heads) trains on a tiny learnabl
 
 from __future__ import annotations
 
-import copy
 import json
 import math
 import os
@@ -20,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from torch.distributed.checkpoint import FileSystemReader
 
 from trainer.indexed_dataset import IndexedDatasetWriter
 from trainer.launch.native import FORWARDED_SIGNALS
@@ -33,6 +33,13 @@ PATTERN = 32  # documents use ids 1..PATTERN only: a pattern the tiny model lear
 
 
 # ------------------------------------------------------------------------------ fixtures
+
+
+@pytest.fixture(scope="module", autouse=True)
+def prefect_api():
+    """Overrides conftest's session-wide Prefect API server: the node program never imports
+    Prefect (DESIGN.md), so these tests run without one and do not pay for its start."""
+    yield
 
 
 def write_corpus(prefix: Path) -> str:
@@ -124,6 +131,16 @@ def children(pid: int) -> list[int]:
     return found
 
 
+def rank_pids(proc: subprocess.Popen) -> dict[int, int]:
+    """torchrun's ranks: RANK -> pid."""
+    ranks = {}
+    for pid in children(proc.pid):
+        items = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        env = dict(item.split(b"=", 1) for item in items if b"=" in item)
+        ranks[int(env[b"RANK"])] = pid
+    return ranks
+
+
 def kill_all(proc: subprocess.Popen) -> None:
     """SIGKILL a run and every rank at once, as a node failure would: torchrun starts each rank in
     a session of its own, so the ranks are found as its children and killed by their groups."""
@@ -137,17 +154,18 @@ def kill_all(proc: subprocess.Popen) -> None:
             pass
     proc.wait(30)
     deadline = time.monotonic() + 30
-    while any(Path(f"/proc/{pid}").exists() and "(Z)" not in _state(pid) for pid in ranks):
+    while any(_alive(pid) for pid in ranks):
         assert time.monotonic() < deadline, f"ranks {ranks} survived SIGKILL"
         time.sleep(0.05)
 
 
-def _state(pid: int) -> str:
+def _alive(pid: int) -> bool:
+    """Running, not a zombie (an orphaned rank's zombie waits for init to reap it)."""
     try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
     except OSError:
-        return "(Z)"
-    return f"({stat.rsplit(')', 1)[1].split()[0]})"
+        return False
+    return state != "Z"
 
 
 def wait_until(condition, proc: subprocess.Popen, run: Path, timeout: float = 240) -> None:
@@ -243,75 +261,85 @@ def copy_run(source: Path, run: Path, corpus: str) -> None:
 # ---------------------------------------------------------------------- crash and resume
 
 
-def test_killed_run_resumes_exactly_under_torchrun(corpus, dp_baseline, tmp_path):
+def test_stop_signal_then_crash_resume_exactly_under_torchrun(corpus, dp_baseline, tmp_path):
+    """Two data-parallel ranks (FSDP2 on gloo) under torchrun, as the job layer launches them:
+    SIGUSR2 to torchrun, which forwards it, stops the run at a complete checkpoint; the run
+    started again is then killed outright (SIGKILL to torchrun and every rank) after its next
+    checkpoint; started once more it finishes, and every step's loss is the uninterrupted run's."""
     run = tmp_path / "run"
     write_config(run, train_config(run, corpus))
-    proc = start(run, nproc=2)
-    try:
-        # A crash after a checkpoint is complete and before the next: steps past it are logged.
-        wait_until(lambda: (c := latest_complete(run)) is not None and max(logged_steps(run), default=0) > c,
-                   proc, run)
-    finally:
-        kill_all(proc)
-    resume_from = latest_complete(run)
-    lost = [s for s in logged_steps(run) if s > resume_from]
-    assert lost and max(lost) < STEPS, f"the kill came at the wrong time: checkpoint {resume_from}, logged {lost}"
 
-    done = train(run, nproc=2)
-    assert_finished(done)
-    assert [e["from_step"] for e in events(run, "resumed")] == [resume_from]
-    # Every step once: the killed attempt's steps after its checkpoint were dropped, not repeated.
-    assert logged_steps(run) == list(range(1, STEPS + 1))
-    assert_losses_match(run, dp_baseline, 1e-5)
-    assert json.loads((run / "record.json").read_text())["resumed_from"] == resume_from
-
-
-def test_stop_signal_forwarded_by_torchrun_saves_and_resumes(corpus, dp_baseline, tmp_path):
-    run = tmp_path / "run"
-    write_config(run, train_config(run, corpus))
+    # 1. Stop signal, as Slurm's --signal sends it ahead of the time limit.
     proc = start(run, nproc=2)
     try:
         wait_until(lambda: max(logged_steps(run), default=0) >= 3, proc, run)
-        proc.send_signal(signal.SIGUSR2)  # to torchrun only, as Slurm's --signal reaches the job step
+        proc.send_signal(signal.SIGUSR2)  # to torchrun only; it forwards the signals it is told to
         rc = proc.wait(120)
     finally:
         kill_all(proc)
     log = (run / "log").read_text()
-    # torchrun re-raises the signal it forwarded and exits non-zero itself (its workers' status 3
-    # is not passed on); the trainer's own record and metrics say it stopped cleanly.
-    assert rc != 0, log[-4000:]
+    # torchrun re-raises the signal it forwarded and exits non-zero itself, without its ranks'
+    # status (3); the trainer's record, metrics and checkpoint say that it stopped cleanly.
+    assert rc != 0 and "Unable to shutdown" not in log, log[-4000:]
     record = json.loads((run / "record.json").read_text())
     assert record["status"] == "stopped" and record["signal"] == "SIGUSR2", record
     stop = record["step"]
-    assert 3 <= stop < STEPS
+    assert 3 <= stop < STEPS - INTERVAL, stop
     assert f"stopped by SIGUSR2 at step {stop}" in log
     assert [e["step"] for e in events(run, "stopped")] == [stop]
     assert logged_steps(run) == list(range(1, stop + 1))
     assert latest_complete(run) == stop
     verify(step_dir(run / "checkpoints", stop))
 
+    # 2. Started again, then killed after a checkpoint of its own is complete, before the next.
+    (run / "record.json").unlink()
+    proc = start(run, nproc=2)
+    try:
+        wait_until(lambda: (latest_complete(run) or 0) > stop
+                   and max(logged_steps(run), default=0) > latest_complete(run), proc, run)
+    finally:
+        kill_all(proc)
+    resume_from = latest_complete(run)
+    lost = [s for s in logged_steps(run) if s > resume_from]
+    assert lost and max(lost) < STEPS, f"the kill came at the wrong time: checkpoint {resume_from}, logged {lost}"
+    assert not (run / "record.json").exists()
+
+    # 3. Started once more: it finishes, each step logged once, the killed attempt's lost steps
+    # dropped, and the losses those of the uninterrupted run.
     done = train(run, nproc=2)
     assert_finished(done)
-    assert [e["from_step"] for e in events(run, "resumed")] == [stop]
+    assert [e["from_step"] for e in events(run, "resumed")] == [stop, resume_from]
     assert logged_steps(run) == list(range(1, STEPS + 1))
     assert_losses_match(run, dp_baseline, 1e-5)
+    assert json.loads((run / "record.json").read_text())["resumed_from"] == resume_from
 
 
-def test_stop_signal_alone_exits_3_after_a_complete_checkpoint(corpus, tmp_path):
+def test_stop_signal_reaching_one_rank_stops_every_rank_at_the_same_step(corpus, tmp_path):
+    """A signal that reaches one rank only (rank 1, which writes neither record nor metrics) stops
+    both ranks after the same step: the decision travels in the step's all-reduce. Acting on it
+    locally would leave the other rank waiting in the next step's collectives for good.
+    Evaluation after every step makes the stretch between the step's all-reduce and the stop
+    check long, so the signal, sent as soon as a step is logged, lands inside it. Each rank exits
+    3, and torchrun reports that status."""
     run = tmp_path / "run"
-    write_config(run, train_config(run, corpus, export_hf=None))
-    proc = start(run)
+    write_config(run, train_config(run, corpus, export_hf=None, eval_interval=1, eval_iters=10))
+    proc = start(run, nproc=2)
     try:
         wait_until(lambda: max(logged_steps(run), default=0) >= 3, proc, run)
-        proc.send_signal(signal.SIGUSR1)
+        os.kill(rank_pids(proc)[1], signal.SIGUSR1)
         rc = proc.wait(120)
     finally:
         kill_all(proc)
-    assert rc == 3, (run / "log").read_text()[-4000:]
+    log = (run / "log").read_text()
+    assert rc != 0 and "exitcode: 3" in log, log[-4000:]
     record = json.loads((run / "record.json").read_text())
-    assert record["status"] == "stopped" and record["signal"] == "SIGUSR1"
-    assert latest_complete(run) == record["step"] == max(logged_steps(run))
-    verify(step_dir(run / "checkpoints", record["step"]))
+    assert record["status"] == "stopped", record
+    stop = record["step"]
+    stopped = sorted(line.split(" at step ")[1].split(":")[0] for line in log.splitlines() if "stopped by SIG" in line)
+    assert stopped == [str(stop), str(stop)], log[-4000:]
+    assert [e["step"] for e in events(run, "stopped")] == [stop]
+    assert latest_complete(run) == stop == max(logged_steps(run))
+    verify(step_dir(run / "checkpoints", stop))
 
 
 def test_half_written_newest_checkpoint_is_skipped(corpus, baseline, tmp_path):
@@ -348,31 +376,61 @@ def test_corrupted_shard_fails_naming_the_file(corpus, baseline, tmp_path):
 # ------------------------------------------------------------------------------ bad input
 
 
-def test_unknown_config_field_exits_2_naming_it(corpus, tmp_path):
-    run = tmp_path / "run"
-    write_config(run, train_config(run, corpus, optim={"learning_rate": 1e-3}))
-    done = train(run)
+@pytest.fixture(scope="module")
+def bad_runs(corpus, baseline, tmp_path_factory) -> dict[str, tuple[Path, Finished]]:
+    """Runs that must fail before their first step, started together: each spends its few
+    seconds importing torch, so they share the cores instead of queueing."""
+    root = tmp_path_factory.mktemp("bad")
+    no_index = root / "data" / "noidx_text_document"
+    no_index.parent.mkdir()
+    shutil.copy(f"{corpus}.bin", f"{no_index}.bin")
+    other_shape = root / "hf"
+    shutil.copytree(baseline / "hf", other_shape)
+    hf_config = json.loads((other_shape / "config.json").read_text())
+    hf_config["num_hidden_layers"] = 3
+    (other_shape / "config.json").write_text(json.dumps(hf_config))
+    configs = {
+        "unknown_field": {"optim": {"learning_rate": 1e-3}},
+        "long_sequence": {"seq_length": 128},
+        "no_index": {"data": {"paths": [str(no_index)]}},
+        "other_shape": {"model": {"init_from": str(other_shape)}},
+    }
+    procs = {}
+    try:
+        for name, overrides in configs.items():
+            run = root / name
+            write_config(run, train_config(run, corpus, **overrides))
+            procs[name] = (run, start(run))
+        return {name: (run, Finished(proc.wait(300), (run / "log").read_text())) for name, (run, proc) in procs.items()}
+    finally:
+        for _, proc in procs.values():
+            kill_all(proc)
+
+
+def test_unknown_config_field_exits_2_naming_it(bad_runs):
+    _, done = bad_runs["unknown_field"]
     assert done.rc == 2, done.output[-4000:]
     assert "optim: unknown field(s) learning_rate" in done.output
 
 
-def test_sequence_longer_than_positions_exits_2_naming_both_fields(corpus, tmp_path):
-    run = tmp_path / "run"
-    write_config(run, train_config(run, corpus, seq_length=128))
-    done = train(run)
+def test_sequence_longer_than_positions_exits_2_naming_both_fields(bad_runs):
+    _, done = bad_runs["long_sequence"]
     assert done.rc == 2, done.output[-4000:]
     assert "seq_length=128" in done.output and "model.max_position_embeddings=64" in done.output
 
 
-def test_dataset_without_its_index_fails_naming_the_missing_file(corpus, tmp_path):
-    prefix = tmp_path / "data" / "noidx_text_document"
-    prefix.parent.mkdir()
-    shutil.copy(f"{corpus}.bin", f"{prefix}.bin")
-    run = tmp_path / "run"
-    write_config(run, train_config(run, str(prefix)))
-    done = train(run)
-    assert done.rc != 0
+def test_dataset_without_its_index_fails_naming_the_missing_file(bad_runs):
+    run, done = bad_runs["no_index"]
+    assert done.rc == 2, done.output[-4000:]
+    prefix = json.loads((run / "train.json").read_text())["data"]["paths"][0]
     assert f"{prefix}.idx is missing" in done.output, done.output[-4000:]
+    assert not logged_steps(run)
+
+
+def test_init_from_checkpoint_of_another_shape_fails_naming_the_key(bad_runs):
+    run, done = bad_runs["other_shape"]
+    assert done.rc == 2, done.output[-4000:]
+    assert "num_hidden_layers=3 (spec model.num_layers=2)" in done.output, done.output[-4000:]
     assert not logged_steps(run)
 
 
@@ -384,9 +442,11 @@ def test_non_finite_losses_in_a_row_stop_the_run(corpus, tmp_path):
     assert done.rc == 1, done.output[-4000:]
     assert "not finite for 2 steps in a row" in done.output, done.output[-4000:]
     lines = step_lines(run)
-    # The last two steps were skipped: their loss or gradient norm is not a finite number.
+    # Both skipped steps are in the stream, their non-finite values as null, and the message
+    # names the last of them.
+    assert f"(up to step {lines[-1]['step']})" in done.output
     assert [r["nan_iterations"] for r in lines[-2:]] == [1, 2]
-    assert all(r["loss"] is None or r.get("grad_norm") is None for r in lines[-2:])
+    assert all(r["loss"] is None or r.get("grad_norm") is None for r in lines[-2:]), lines[-2:]
     assert all(r["nan_iterations"] == 0 and math.isfinite(r["loss"]) for r in lines[:-2])
 
 
@@ -417,19 +477,6 @@ def test_export_loads_in_transformers_and_continues_pretraining(corpus, baseline
     assert first < fresh_first - 2.0, (first, fresh_first)
 
 
-def test_init_from_checkpoint_of_another_shape_fails_naming_the_key(corpus, baseline, tmp_path):
-    hf = tmp_path / "hf"
-    shutil.copytree(baseline / "hf", hf)
-    config = json.loads((hf / "config.json").read_text())
-    config["num_hidden_layers"] = 3
-    (hf / "config.json").write_text(json.dumps(config))
-    run = tmp_path / "run"
-    write_config(run, train_config(run, corpus, model={"init_from": str(hf)}))
-    done = train(run)
-    assert done.rc == 1, done.output[-4000:]
-    assert "num_hidden_layers=3 (spec model.num_layers=2)" in done.output, done.output[-4000:]
-
-
 # ----------------------------------------------------------------------- tensor parallel
 
 
@@ -438,12 +485,21 @@ def test_tensor_parallel_matches_one_process(corpus, baseline, tmp_path):
     write_config(run, train_config(run, corpus, parallel={"tp": 2}, export_hf=None))
     assert_finished(train(run, nproc=2))
     assert_losses_match(run, losses(baseline), 1e-4)
+    # Tensor parallelism was really in effect, not two data-parallel ranks: the attention output
+    # projection (row-parallel) is split along its input dimension, one half per rank, where
+    # FSDP alone would split it by rows.
+    metadata = FileSystemReader(str(step_dir(run / "checkpoints", STEPS))).read_metadata()
+    chunks = metadata.state_dict_metadata["model_optim.model.model.layers.0.self_attn.o_proj.weight"].chunks
+    assert sorted((tuple(c.offsets), tuple(c.sizes)) for c in chunks) == [((0, 0), (64, 32)), ((0, 32), (64, 32))]
 
 
 # ---------------------------------------------------------------------------- disk full
 
 
-def test_full_disk_during_a_checkpoint_keeps_the_previous_one(corpus, baseline, tmp_path):
+@pytest.mark.parametrize("steps", [2 * INTERVAL, 3 * INTERVAL], ids=["final-blocking", "background"])
+def test_full_disk_during_a_checkpoint_keeps_the_previous_one(corpus, baseline, tmp_path, steps):
+    """The second checkpoint (step 2 x INTERVAL) does not fit: written at the end of the run
+    (blocking), or in the background while training goes on (its failure surfaces later)."""
     checkpoint = step_dir(baseline / "checkpoints", STEPS)
     size = sum(f.stat().st_size for f in checkpoint.iterdir())
     mount = tmp_path / "checkpoints"
@@ -454,12 +510,15 @@ def test_full_disk_during_a_checkpoint_keeps_the_previous_one(corpus, baseline, 
     assert done.returncode == 0, f"cannot mount a tmpfs (root needed): {done.stderr}"
     try:
         run = tmp_path / "run"
-        write_config(run, train_config(run, corpus, steps=2 * INTERVAL, export_hf=None,
-                                       checkpoint={"dir": str(mount)}))
+        write_config(run, train_config(run, corpus, steps=steps, export_hf=None, checkpoint={"dir": str(mount)}))
         done = train(run)
+        failed = 2 * INTERVAL
         assert done.rc == 1, done.output[-4000:]
-        assert (f"writing checkpoint step {2 * INTERVAL} to {step_dir(mount, 2 * INTERVAL)} failed" in done.output
+        assert (f"writing checkpoint step {failed} to {step_dir(mount, failed)} failed" in done.output
                 and f"the previous checkpoint step {INTERVAL} is intact" in done.output), done.output[-4000:]
+        assert "No space left on device" in done.output
+        if steps > failed:  # the background write failed while training went on
+            assert max(logged_steps(run)) > failed
         assert complete_steps(mount) == [INTERVAL]
         verify(step_dir(mount, INTERVAL))
     finally:

@@ -1,6 +1,6 @@
 """``python -m trainer train --config FILE``: run under torchrun on every node, or alone.
 
-Exit status: 0 finished, 2 bad config, 3 stopped on a signal after saving a checkpoint
+Exit status: 0 finished, 2 bad config or bad input (data, init_from), 3 stopped on a signal after saving a checkpoint
 (resumable: run the same command again), 1 failed.
 """
 
@@ -36,7 +36,11 @@ def main(argv: list[str]) -> int:
     except (ValueError, FileNotFoundError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    trainer = Trainer(cfg)
+    try:
+        trainer = Trainer(cfg)
+    except (ValueError, FileNotFoundError) as exc:  # inputs the config points at: data, init_from
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     try:
         result = trainer.train()
     finally:
