@@ -98,10 +98,13 @@ class MetricsFollower:
         """A new attempt: its start-up (and resume) is not a hang."""
         self.last_advance = time.monotonic()
 
-    def poll(self) -> None:
+    def poll(self, started: bool = True) -> None:
+        """``started``: whether the job has left the queue; only then can the run hang."""
         self.read()
         step = max(self.stream.points, default=0)
         now = time.monotonic()
+        if not started:
+            self.last_advance = now
         if step != self.last_step:
             self.last_step, self.last_advance = step, now
             self.progress_id = publish_progress(self.spec.name, step, self.total, self.progress_id)
@@ -143,10 +146,11 @@ def train(spec: PretrainSpec, dataset: str, data_dir: str, nodelist: list[str] |
                              signal_delay_s=n.stop_signal_delay_s)
         follower.restart()
         started = time.monotonic()
-        jobs: list[str] = []
+        submitted: list[Any] = []
         try:
-            run_job(request, cluster, job_folder(spec, cluster), on_poll=follower.poll,
-                    on_submit=lambda job: jobs.append(job.job_id))
+            # The job's log appears when the job starts: time spent waiting in the queue is no hang.
+            run_job(request, cluster, job_folder(spec, cluster), on_submit=submitted.append,
+                    on_poll=lambda: follower.poll(started=submitted[0].paths.stdout.exists()))
             outcome = "completed"
         except SlurmJobFailed as failure:
             excluded |= excluded_after(failure)
@@ -155,10 +159,12 @@ def train(spec: PretrainSpec, dataset: str, data_dir: str, nodelist: list[str] |
             outcome = f"hung: {hung}"
         follower.read()
         record = json.loads(record_path.read_text()) if record_path.exists() else None
-        sacct = query_slurm_state(jobs[0]) if jobs and executor_kind(cluster) == "slurm" else None
-        attempts.append({"attempt": attempt + 1, "job": jobs[0] if jobs else None,
+        job_id = submitted[0].job_id if submitted else None
+        sacct = query_slurm_state(job_id) if job_id and executor_kind(cluster) == "slurm" else None
+        attempts.append({"attempt": attempt + 1, "job": job_id,
                          "nodes": sacct.nodes if sacct else "", "outcome": outcome,
-                         "seconds": round(time.monotonic() - started, 1), "step": follower.last_step})
+                         "seconds": round(time.monotonic() - started, 1),
+                         "step": max(follower.stream.points, default=0)})
         if record is not None and record.get("status") == "finished":
             break
         logger.warning("train attempt %d ended without finishing (%s); %s", attempt + 1, outcome,

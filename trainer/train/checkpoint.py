@@ -116,6 +116,12 @@ class Checkpointer:
 
     def save(self, state: dict[str, Any], step: int, *, blocking: bool = False) -> None:
         self.wait()
+        # A resumed run stopping at once: never rewrite a good checkpoint. Rank 0 decides for
+        # all, so no rank waits in a save the others skipped.
+        complete = torch.tensor([int(self.rank == 0 and step in complete_steps(self.root))])
+        dist.broadcast(complete, src=0)
+        if complete.item():
+            return
         path = step_dir(self.root, step)
         if self.rank == 0 and path.exists():
             shutil.rmtree(path)  # an incomplete write of this step by an earlier attempt

@@ -74,6 +74,12 @@ def _init_distributed(device: torch.device) -> None:
 class Trainer:
     def __init__(self, cfg: TrainConfig):
         self.cfg = cfg
+        # First of all: a stop signal during start-up (loading, resuming) is honoured after the
+        # first step instead of killing the rank.
+        self.stop_signal: int | None = None
+        self.stopping = False  # every rank's common decision, from the step's all-reduce
+        for sig in STOP_SIGNALS:
+            signal.signal(sig, self._on_stop_signal)
         self.device = devices.resolve(cfg.device)
         _init_distributed(self.device)
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
@@ -110,10 +116,6 @@ class Trainer:
             num_attention_heads=m.num_attention_heads, num_kv_heads=m.kv_heads, vocab_size=m.vocab_size,
             seq_length=cfg.seq_length, gated_mlp=m.family == "llama")
         self.peak_flops = devices.peak_flops(self.device)
-        self.stop_signal: int | None = None
-        self.stopping = False  # every rank's common decision, from the step's all-reduce
-        for sig in STOP_SIGNALS:
-            signal.signal(sig, self._on_stop_signal)
 
     # ------------------------------------------------------------------ state
 

@@ -1,0 +1,344 @@
+"""The train task on the real local Slurm cluster, through every way a training job dies in
+production: cancelled, requeued, out of time, a crashed rank, a hung run (and a job waiting in
+the queue, which is not hung). Each run must end finished, resumed from a checkpoint, with every
+step in metrics.jsonl exactly once and no job or trainer process left behind.
+
+Faults are injected from a thread while the flow runs, once the run is past its first complete
+checkpoint. The dataset (fetch + tokenize of the demo corpus) is built once for the module.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import pytest
+from prefect import flow
+
+from deployments.demo import save_credentials_block, seed_corpus
+from pretrain.corpus import corpus_texts
+from pretrain.presets import load_spec
+from pretrain.toy_tokenizers import llama3_style
+from tasks.fetch import fetch
+from tasks.tokenize import tokenize
+from tasks.train import train
+from trainer.train.checkpoint import complete_steps
+
+STEPS = 40
+INTERVAL = 10
+FAULT_AFTER_STEP = 15  # past the first checkpoint (step 10), before the second
+# A resubmitted job here waits up to KillWait (5 s) for the cancelled one to complete, then the
+# trainer takes 20-30 s to start on 2 busy cores: the hang timeout must outlast both.
+HANG_TIMEOUT_MIN = 0.75
+
+
+@dataclass(frozen=True)
+class Corpus:
+    tokenizer: Path
+    data_dir: str
+    dataset: str
+
+
+@flow
+def prepare(overrides: list[str]) -> tuple[str, str]:
+    spec = load_spec("tiny-local", overrides)
+    data_dir = fetch(spec)
+    return data_dir, tokenize(spec, data_dir)
+
+
+@flow
+def train_only(overrides: list[str], dataset: str, data_dir: str) -> dict:
+    return train(load_spec("tiny-local", overrides), dataset, data_dir)
+
+
+@pytest.fixture(scope="module")
+def corpus(local_stack, tmp_path_factory) -> Corpus:
+    root = tmp_path_factory.mktemp("train-task-data")
+    tokenizer = llama3_style(root / "tokenizer", corpus_texts())
+    seed_corpus(local_stack["PRETRAIN_S3_ENDPOINT"])
+    save_credentials_block(local_stack["PRETRAIN_S3_ENDPOINT"])
+    data_dir, dataset = prepare([f"paths.root={root}", f"tokenizer.path={tokenizer}", "cluster.executor=slurm"])
+    return Corpus(tokenizer, data_dir, dataset)
+
+
+def overrides_for(name: str, root: Path, corpus: Corpus, *extra: str) -> list[str]:
+    """A 2-layer tiny-local run of STEPS steps, checkpointed every INTERVAL, in its own root;
+    ``extra`` overrides come last and win."""
+    return [f"name={name}", f"paths.root={root}", f"tokenizer.path={corpus.tokenizer}", "cluster.executor=slurm",
+            "model.num_layers=2", "training.global_batch_size=8", f"training.train_steps={STEPS}",
+            f"training.checkpoint_interval={INTERVAL}", "training.eval_iters=0", "cluster.time_limit_min=10",
+            "backend.native.compile=false", "backend.native.export_hf=false", *extra]
+
+
+@pytest.fixture
+def clean_queue():
+    """Job names whose jobs are cancelled after the test, pass or fail, so that a failed test
+    leaves the next one an idle node (the tests assert that nothing was left themselves)."""
+    names: list[str] = []
+    yield names
+    for name in names:
+        subprocess.run(["scancel", "-n", name], check=False)
+
+
+# ---------------------------------------------------------------- reading the run
+
+
+def metrics_records(path: Path) -> list[dict[str, Any]]:
+    records = []
+    for line in path.read_text().splitlines():
+        try:
+            records.append(json.loads(line))
+        except ValueError:
+            pass  # the line the trainer is writing right now
+    return records
+
+
+def logged_steps(records: list[dict[str, Any]]) -> list[int]:
+    return [r["step"] for r in records if "event" not in r and "loss" in r]
+
+
+def events(records: list[dict[str, Any]], name: str) -> list[dict[str, Any]]:
+    return [r for r in records if r.get("event") == name]
+
+
+def queued(job_name: str) -> list[str]:
+    """``JOBID STATE`` of every job of that name that squeue still lists."""
+    out = subprocess.run(["squeue", "-h", "-n", job_name, "-o", "%i %T"], capture_output=True, text=True,
+                         check=True)
+    return out.stdout.splitlines()
+
+
+def trainer_processes(config: Path) -> dict[str, int]:
+    """The processes of ``trainer train --config <config>``: torchrun as "launcher", each rank as
+    "rank<RANK>" (torchrun sets RANK for its workers)."""
+    out = subprocess.run(["pgrep", "-f", f"trainer train --config {config}"], capture_output=True, text=True)
+    found = {}
+    for pid in map(int, out.stdout.split()):
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except (FileNotFoundError, ProcessLookupError):
+            continue  # ended meanwhile
+        if b"torch.distributed.run" in argv:
+            found["launcher"] = pid
+            continue
+        env = dict(item.split(b"=", 1) for item in environ if b"=" in item)
+        found[f"rank{env[b'RANK'].decode()}"] = pid
+    return found
+
+
+def assert_nothing_left(job_name: str, config: Path) -> None:
+    """No job of the run in squeue (one still COMPLETING gets KillWait to go), no trainer process."""
+    deadline = time.monotonic() + 30
+    while (left := queued(job_name)) and time.monotonic() < deadline:
+        time.sleep(1)
+    assert left == [], f"jobs left behind: {left}"
+    assert trainer_processes(config) == {}
+
+
+class Fault(threading.Thread):
+    """Waits, while the flow runs, until the run has logged FAULT_AFTER_STEP and its first
+    checkpoint is complete; then calls ``inject(job_id, run_dir)`` once."""
+
+    def __init__(self, job_name: str, root: Path, inject: Callable[[str, Path], Any], timeout_s: float = 240):
+        super().__init__(daemon=True)
+        self.job_name, self.root, self.inject, self.timeout_s = job_name, root, inject, timeout_s
+        self.job_id: str | None = None
+        self.at_step: int | None = None
+        self.result: Any = None
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            deadline = time.monotonic() + self.timeout_s
+            while time.monotonic() < deadline:
+                for metrics in (self.root / "train").glob("*/metrics.jsonl"):
+                    steps = logged_steps(metrics_records(metrics))
+                    running = [line.split()[0] for line in queued(self.job_name) if line.endswith("RUNNING")]
+                    if (steps and max(steps) >= FAULT_AFTER_STEP and len(running) == 1
+                            and INTERVAL in complete_steps(metrics.parent / "checkpoints")):
+                        self.job_id, self.at_step = running[0], max(steps)
+                        self.result = self.inject(self.job_id, metrics.parent)
+                        return
+                time.sleep(0.3)
+            raise AssertionError(f"{self.job_name}: the run never got past step {FAULT_AFTER_STEP}")
+        except BaseException as exc:  # raised in the test by check()
+            self.error = exc
+
+    def check(self) -> None:
+        self.join(timeout=10)
+        if self.error is not None:
+            raise self.error
+        assert self.job_id is not None, "the fault was never injected"
+
+
+def run_with_fault(name: str, root: Path, corpus: Corpus, inject: Callable[[str, Path], Any],
+                   *extra: str) -> tuple[dict, Fault, list[dict[str, Any]]]:
+    """The train task in a flow, with ``inject`` fired mid-run; returns the task's result, the
+    fault and the final metrics records, after checking what every fault must end with."""
+    fault = Fault(f"{name}-train", root, inject)
+    fault.start()
+    state = train_only(overrides_for(name, root, corpus, *extra), corpus.dataset, corpus.data_dir,
+                       return_state=True)
+    fault.check()
+    assert state.is_completed(), state.message
+    result = state.result()
+    run_dir = Path(result["run_dir"])
+    records = metrics_records(run_dir / "metrics.jsonl")
+    resumed = events(records, "resumed")
+    print(f"\n{name}: fault at step {fault.at_step} of job {fault.job_id}; resumed {resumed}; "
+          f"stopped {events(records, 'stopped')}; attempts {json.dumps(result['attempts'], indent=1)}")
+
+    assert result["status"] == "finished" and result["step"] == STEPS
+    assert logged_steps(records) == list(range(1, STEPS + 1)), "every step exactly once, in order"
+    assert resumed, "the trainer resumed from a checkpoint"
+    assert all(INTERVAL <= e["from_step"] < STEPS for e in resumed)
+    assert result["resumed_from"] == resumed[-1]["from_step"]
+    assert result["attempts"][-1]["outcome"] == "completed"
+    assert_nothing_left(f"{name}-train", run_dir / "train.json")
+    return result, fault, records
+
+
+# ---------------------------------------------------------------- faults
+
+
+def test_scancel_mid_run_resubmits_and_resumes(corpus, tmp_path, clean_queue):
+    clean_queue.append(f"{(name := 'fault-scancel')}-train")
+    result, fault, records = run_with_fault(
+        name, tmp_path, corpus, lambda job_id, _: subprocess.run(["scancel", job_id], check=True))
+    first, last = result["attempts"]
+    assert first["job"] == fault.job_id and first["outcome"].startswith("CANCELLED: ")
+    assert last["job"] != fault.job_id
+    # scancel sends SIGTERM first: the trainer saved where it was and exited; the next job went on
+    # from exactly there.
+    (stopped,) = events(records, "stopped")
+    assert stopped["signal"] == "SIGTERM" and stopped["step"] >= fault.at_step
+    assert result["resumed_from"] == stopped["step"] == first["step"]
+
+
+def test_scontrol_requeue_restarts_the_same_job_which_resumes(corpus, tmp_path, clean_queue):
+    clean_queue.append(f"{(name := 'fault-requeue')}-train")
+    result, fault, records = run_with_fault(
+        name, tmp_path, corpus, lambda job_id, _: subprocess.run(["scontrol", "requeue", job_id], check=True))
+    # Slurm restarts the job under its id (not held: it is eligible again after cred_expire); the
+    # job layer follows Slurm's state through the requeue, so the task sees one attempt.
+    (attempt,) = result["attempts"]
+    assert attempt["job"] == fault.job_id and attempt["outcome"] == "completed"
+    shown = subprocess.run(["scontrol", "show", "job", fault.job_id], capture_output=True, text=True).stdout
+    assert "Restarts=1" in shown
+    (stopped,) = events(records, "stopped")
+    assert stopped["signal"] == "SIGTERM"
+    assert result["resumed_from"] == stopped["step"] >= fault.at_step
+
+
+def test_time_limit_stops_the_trainer_with_usr2_and_the_next_job_resumes(corpus, tmp_path, clean_queue):
+    """A 1-minute limit with USR2 asked 1 s ahead. slurmctld checks limits every 30 s and sends the
+    signal at the first check within 30 s + delay of the limit, so it arrives 29-59 s into a job:
+    after the trainer's start-up (15-30 s here), before the limit. A job resubmitted after a stop
+    gets its signal at the check 60 s after the previous one. 260 steps (at least 50 s of training
+    at 0.2-0.3 s a step) are more than one job gets through."""
+    clean_queue.append(f"{(name := 'fault-time-limit')}-train")
+    steps = 260
+    state = train_only(overrides_for(name, tmp_path, corpus, f"training.train_steps={steps}",
+                                     "cluster.time_limit_min=1", "backend.native.stop_signal_delay_s=1",
+                                     "backend.native.max_restarts=5"),
+                       corpus.dataset, corpus.data_dir, return_state=True)
+    assert state.is_completed(), state.message
+    result = state.result()
+    run_dir = Path(result["run_dir"])
+    records = metrics_records(run_dir / "metrics.jsonl")
+    attempts = result["attempts"]
+    stopped, resumed = events(records, "stopped"), events(records, "resumed")
+    print(f"\n{name}: stopped {stopped}; resumed {resumed}; attempts {json.dumps(attempts, indent=1)}")
+
+    assert result["status"] == "finished" and result["step"] == steps
+    assert logged_steps(records) == list(range(1, steps + 1)), "every step exactly once, in order"
+    assert len(attempts) >= 2 and attempts[-1]["step"] == steps
+    # The last job may get its USR2 too, after its last step: the trainer finishes all the same
+    # and torchrun exits 1 (below), so Slurm says FAILED; the trainer's record says finished.
+    assert attempts[-1]["outcome"] == "completed" or attempts[-1]["outcome"].startswith("FAILED: ")
+    # Every job but the last got USR2 before its limit: the trainer saved a checkpoint where it
+    # was and exited 3; the next job resumed exactly there.
+    assert len(stopped) == len(attempts) - 1 == len(resumed)
+    assert all(s["signal"] == "SIGUSR2" for s in stopped)
+    assert [r["from_step"] for r in resumed] == [s["step"] for s in stopped]
+    assert [a["step"] for a in attempts[:-1]] == [s["step"] for s in stopped]
+    # torchrun got USR2 as well (Slurm signals every process of the step): it forwards it, waits
+    # for the ranks, then ends with its own SignalException, exit 1 -- so Slurm records FAILED,
+    # not TIMEOUT, and the trainer's exit 3 does not reach the job layer.
+    for attempt in attempts[:-1]:
+        assert attempt["outcome"].startswith("FAILED: ") and "exit code 1:0" in attempt["outcome"]
+    assert_nothing_left(f"{name}-train", run_dir / "train.json")
+
+
+def test_killed_rank_fails_the_job_and_the_run_resumes_from_its_checkpoint(corpus, tmp_path, clean_queue):
+    clean_queue.append(f"{(name := 'fault-kill-rank')}-train")
+
+    def kill_rank_1(job_id: str, run_dir: Path) -> dict[str, int]:
+        processes = trainer_processes(run_dir / "train.json")
+        os.kill(processes["rank1"], signal.SIGKILL)
+        return processes
+
+    result, fault, records = run_with_fault(name, tmp_path, corpus, kill_rank_1)
+    assert set(fault.result) == {"launcher", "rank0", "rank1"}
+    first, _ = result["attempts"]
+    # torchrun saw rank 1 die (-9), stopped rank 0 and exited 1.
+    assert first["job"] == fault.job_id and first["outcome"].startswith("FAILED: ")
+    assert "exit code 1:0" in first["outcome"]
+    # No clean stop: the steps after the last periodic checkpoint were dropped and trained again.
+    assert events(records, "stopped") == []
+    assert result["resumed_from"] % INTERVAL == 0 and result["resumed_from"] <= fault.at_step <= first["step"]
+
+
+def occupy_node(job_name: str, seconds: float) -> str:
+    """A job holding all 8 CPUs of the node for ``seconds``, running when this returns."""
+    job_id = subprocess.run(["sbatch", "--parsable", "-J", job_name, "-n", "1", "-c", "8", "-t", "5",
+                             "-o", "/dev/null", "--wrap", f"sleep {seconds}"],
+                            capture_output=True, text=True, check=True).stdout.strip()
+    deadline = time.monotonic() + 30
+    while queued(job_name) != [f"{job_id} RUNNING"]:
+        assert time.monotonic() < deadline, f"{job_name} did not start"
+        time.sleep(0.3)
+    return job_id
+
+
+def seconds_in_queue(job_id: str) -> float:
+    out = subprocess.run(["sacct", "-X", "-n", "-P", "-j", job_id, "-o", "Submit,Start"],
+                         capture_output=True, text=True, check=True).stdout
+    submitted, started = (time.mktime(time.strptime(t, "%Y-%m-%dT%H:%M:%S")) for t in out.split()[-1].split("|"))
+    return started - submitted
+
+
+def test_hung_run_is_cancelled_and_resubmitted_but_a_queued_job_is_not_hung(corpus, tmp_path, clean_queue):
+    """The hang clock runs while the job runs: the first job waits behind another for longer than
+    hang_timeout_min and is left alone; once it trains, both ranks are stopped (SIGSTOP), and
+    that is a hang."""
+    name = "fault-hang"
+    clean_queue.extend([f"{name}-train", f"{name}-blocker"])
+
+    def stop_ranks(job_id: str, run_dir: Path) -> dict[str, int]:
+        processes = trainer_processes(run_dir / "train.json")
+        for rank in ("rank0", "rank1"):
+            os.kill(processes[rank], signal.SIGSTOP)
+        return processes
+
+    occupy_node(f"{name}-blocker", HANG_TIMEOUT_MIN * 60 + 20)
+    result, fault, records = run_with_fault(name, tmp_path, corpus, stop_ranks,
+                                            f"backend.native.hang_timeout_min={HANG_TIMEOUT_MIN}")
+    first = result["attempts"][0]
+    assert first["job"] == fault.job_id, f"the job waiting in the queue was cancelled as hung: {first}"
+    assert len(result["attempts"]) == 2
+    assert seconds_in_queue(first["job"]) > HANG_TIMEOUT_MIN * 60
+    assert first["outcome"].startswith(f"hung: no new metrics for {HANG_TIMEOUT_MIN:.1f} min")
+    assert first["step"] >= fault.at_step
+    # The cancel sent SIGCONT and SIGTERM to the stopped ranks: they finished their step, saved
+    # and exited within KillWait; the next job resumed there.
+    (stopped,) = events(records, "stopped")
+    assert stopped["signal"] == "SIGTERM" and result["resumed_from"] == stopped["step"] >= fault.at_step
