@@ -242,13 +242,13 @@ def test_time_limit_stops_the_trainer_with_usr2_and_the_next_job_resumes(corpus,
     """A 1-minute limit with USR2 asked 1 s ahead. slurmctld checks limits every 30 s and sends the
     signal at the first check within 30 s + delay of the limit, so it arrives 29-59 s into a job:
     after the trainer's start-up (15-30 s here), before the limit. A job resubmitted after a stop
-    gets its signal at the check 60 s after the previous one. 260 steps (at least 50 s of training
+    gets its signal at the check 60 s after the previous one. 700 steps (well over one job of training even on a quiet machine
     at 0.2-0.3 s a step) are more than one job gets through."""
     clean_queue.append(f"{(name := 'fault-time-limit')}-train")
-    steps = 260
+    steps = 700
     state = train_only(overrides_for(name, tmp_path, corpus, f"training.train_steps={steps}",
                                      "cluster.time_limit_min=1", "backend.native.stop_signal_delay_s=1",
-                                     "backend.native.max_restarts=5"),
+                                     "backend.native.max_restarts=10"),
                        corpus.dataset, corpus.data_dir, return_state=True)
     assert state.is_completed(), state.message
     result = state.result()
