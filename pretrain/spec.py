@@ -294,7 +294,8 @@ def _default_root() -> str:
 
 
 class PathsSpec(Strict):
-    root: str = Field(default_factory=_default_root, description="Shared-filesystem root for every "
+    # validate_default: the default goes through _expand too, so no path ever keeps a literal "~"
+    root: str = Field(default_factory=_default_root, validate_default=True, description="Shared-filesystem root for every "
                       "stage's content-addressed output (default $PRETRAIN_ROOT or ~/.pretrain/data).")
 
     @field_validator("root")
