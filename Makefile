@@ -3,7 +3,18 @@ PYTHON ?= python3
 VENV ?= .venv
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: setup system-deps stack-up stack-down demo test
+.PHONY: setup system-deps node-deps stack-up stack-down demo test
+
+# mermaid and jsdom for the tests that parse and draw the loss chart with mermaid itself
+# (tests/test_loss_curve.py), in a project-local node_modules. mermaid is the version the Prefect
+# UI bundles (its `info` diagram in prefect/server/ui-v2/assets/vendor-mermaid-*.js reports it);
+# jsdom the newest that supports Node 20.19. The stamp names both, so changing one reinstalls.
+# pytest finds .cache/node by itself; MERMAID_NODE_MODULES (exported, overridable) says it too.
+NODE_DIR := .cache/node
+MERMAID_VERSION := 12.0.0
+JSDOM_VERSION := 29.1.1
+NODE_STAMP := $(NODE_DIR)/.installed-mermaid-$(MERMAID_VERSION)-jsdom-$(JSDOM_VERSION)
+export MERMAID_NODE_MODULES ?= $(CURDIR)/$(NODE_DIR)/node_modules
 
 # torch is pinned in pyproject.toml to the CPU build on disk; pip never resolves an unpinned one.
 $(STAMP): pyproject.toml
@@ -14,9 +25,19 @@ $(STAMP): pyproject.toml
 
 setup: $(STAMP)
 
-# Debian's Slurm, munge, slurmdbd and MariaDB (as root with apt; a no-op otherwise).
+# Debian's Slurm, munge, slurmdbd and MariaDB, and Chromium for the UI screenshots (as root with
+# apt; a no-op otherwise).
 system-deps:
 	bash deployments/stack/install-debian.sh
+
+$(NODE_STAMP):
+	@command -v node >/dev/null && command -v npm >/dev/null \
+	  || { echo "node-deps: node and npm are needed (Node.js >= 20.19) to install mermaid for the tests"; exit 1; }
+	npm install --prefix $(NODE_DIR) --save-exact --no-audit --no-fund --loglevel=error \
+	  mermaid@$(MERMAID_VERSION) jsdom@$(JSDOM_VERSION)
+	touch $@
+
+node-deps: $(NODE_STAMP)
 
 stack-up: setup system-deps
 	$(VENV)/bin/pretrain stack up
@@ -27,5 +48,5 @@ stack-down: setup
 demo: setup
 	$(VENV)/bin/pretrain demo
 
-test: stack-up
+test: stack-up node-deps
 	$(VENV)/bin/python -m pytest

@@ -1,5 +1,7 @@
-"""Prefect blocks of pretrain-pipeline (`prefect block register -m blocks`)."""
+"""Prefect blocks of pretrain-pipeline: `prefect block register -m blocks` makes them appear in
+the UI. Secrets (a Hugging Face token, say) are Prefect's own Secret blocks, named by the spec."""
 
 from blocks.cluster import SlurmCluster
+from blocks.storage import StorageLocation
 
-__all__ = ["SlurmCluster"]
+__all__ = ["SlurmCluster", "StorageLocation"]

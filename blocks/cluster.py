@@ -45,6 +45,11 @@ class SlurmCluster(Block):
     sbatch_options: dict[str, str | int | bool] = Field(
         default_factory=dict, description="Any further sbatch option, e.g. {'constraint': 'trn1'}."
     )
+    lease_timeout_s: int = Field(
+        300, ge=0,
+        description="A job whose flow process has stopped following it for this long (the flow "
+        "process was killed, its machine died) cancels itself, so no job outlives its pipeline; "
+        "0 never.")
     job_folder: str | None = Field(
         None,
         description="Shared-filesystem directory for job scripts and logs; defaults to "

@@ -12,7 +12,7 @@
 from __future__ import annotations
 
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Literal, get_args
 
 from prefect import flow
 
@@ -28,6 +28,9 @@ from tasks.tokenize import tokenize
 from tasks.train import train
 from tasks.train_artifacts import publish_run_summary
 
+Stage = Literal["fetch", "tokenize", "convert", "precompile", "train"]
+STAGES: tuple[str, ...] = get_args(Stage)
+
 
 class StageTimer:
     def __init__(self) -> None:
@@ -41,30 +44,63 @@ class StageTimer:
             self.seconds[name] = round(time.monotonic() - start, 1)
 
 
-@flow(name="pretrain", log_prints=True)
-def pretrain(preset: str = "tiny-local", overrides: list[str] | None = None, dry_run: bool = False) -> dict:
-    """Run the pipeline for ``preset`` (a preset name or a spec file), with ``key=value``
-    overrides such as ``training.train_steps=100``. ``dry_run`` publishes every rendered file
-    as an artifact and submits nothing."""
-    spec = load_spec(preset, overrides or [])
-    if dry_run:
-        return {"rendered": publish_rendered(spec)}
+def run_stages(spec: PretrainSpec, stages: list[str] | None = None) -> tuple[dict[str, Any], dict[str, float]]:
+    """Run the stages of ``spec`` (all that apply to its backend when ``stages`` is None).
+
+    A stage left out is not run; the stages after it take its existing output, or fail naming
+    the stage to add. Returns each stage's output and how long each one took.
+    """
+    selected = set(STAGES if stages is None else stages)
     stage = StageTimer()
-    data_dir = stage("fetch", fetch, spec)
-    dataset = stage("tokenize", tokenize, spec, data_dir)
-    outputs: dict[str, Any] = {"fetch": data_dir, "tokenize": dataset}
+    outputs: dict[str, Any] = {}
+    data_dir = stage("fetch", fetch, spec, reuse_only="fetch" not in selected)
+    outputs["fetch"] = data_dir
+    if selected <= {"fetch"}:
+        return outputs, stage.seconds
+    dataset = stage("tokenize", tokenize, spec, data_dir, reuse_only="tokenize" not in selected)
+    outputs["tokenize"] = dataset
     if spec.backend.kind == "neuron":
-        checkpoint = stage("convert", convert, spec) if spec.model.init_from else None
-        outputs["convert"] = checkpoint
-        outputs["precompile"] = stage("precompile", precompile_neuron, spec, dataset, checkpoint)
+        checkpoint = None
+        if spec.model.init_from and selected & {"convert", "precompile"}:
+            checkpoint = stage("convert", convert, spec, reuse_only="convert" not in selected)
+            outputs["convert"] = checkpoint
+        if "precompile" in selected:
+            outputs["precompile"] = stage("precompile", precompile_neuron, spec, dataset, checkpoint)
     elif spec.backend.kind == "native":
         nodes = None
-        if spec.backend.native.compile:
+        if spec.backend.native.compile and "precompile" in selected:
             outputs["precompile"] = stage("precompile", precompile_native, spec, dataset, data_dir)
             nodes = outputs["precompile"]["nodes"]
-        result = stage("train", train, spec, dataset, data_dir, nodelist=nodes)
-        outputs["train"] = result
-        publish_run_summary(spec.name, _summary(spec, result, stage.seconds))
+        if "train" in selected:
+            outputs["train"] = stage("train", train, spec, dataset, data_dir, nodelist=nodes)
+    return outputs, stage.seconds
+
+
+@flow(name="pretrain", log_prints=True)
+def pretrain(preset: str = "tiny-local", overrides: list[str] | None = None, stages: list[Stage] | None = None,
+             cluster_block: str | None = None, dry_run: bool = False) -> dict:
+    """LLM pre-training from raw data to a trained, monitored model on a Slurm cluster.
+
+    Args:
+        preset: A preset name (llama3-70b, tiny-local, ...; `pretrain presets` lists them) or the
+            path of a spec YAML file on the machine the flow runs on.
+        overrides: Spec fields to change, one `key=value` each, e.g. `training.train_steps=100`
+            or `cluster.block=trn1-cluster`.
+        stages: The stages to run, of fetch, tokenize, convert, precompile and train; empty runs
+            every stage that applies. A stage left out hands on its existing output.
+        cluster_block: Name of the SlurmCluster block with the site's settings (partition,
+            account, setup lines); empty: the spec's `cluster.block`, else Slurm's defaults.
+        dry_run: Publish every rendered script and config (sbatch, NxDT YAML, conversion command,
+            torchrun lines) as artifacts and submit nothing.
+    """
+    spec = load_spec(preset, overrides or [])
+    if cluster_block:
+        spec = spec.model_copy(update={"cluster": spec.cluster.model_copy(update={"block": cluster_block})})
+    if dry_run:
+        return {"rendered": publish_rendered(spec)}
+    outputs, seconds = run_stages(spec, stages or None)
+    if "train" in outputs:
+        publish_run_summary(spec.name, _summary(spec, outputs["train"], seconds))
     return outputs
 
 

@@ -11,10 +11,16 @@ import signal
 import string
 import subprocess
 import sys
+import threading
+import time
 import zlib
 from dataclasses import dataclass, field
+from typing import Any, Callable
 
 import submitit
+
+
+LEASE = "lease"  # in the job's folder; the flow process touches it while it follows the job
 
 
 class CommandFailed(RuntimeError):
@@ -78,3 +84,52 @@ class Command:
         if returncode != 0:
             raise CommandFailed(argv, returncode)
         return returncode
+
+
+@dataclass(frozen=True)
+class Leased:
+    """Runs ``command`` while the flow process that submitted the job keeps renewing ``lease``
+    (touching it); when the file has not changed for ``timeout_s``, the job cancels itself.
+
+    This is what keeps a killed flow process or worker from leaving a training job running on
+    the cluster with nobody to follow it. Only changes of the file's mtime count, as seen by
+    this node's clock, so clock skew between the head node and the compute nodes does not matter.
+    """
+
+    command: Callable[[], Any]
+    lease: str
+    timeout_s: float
+
+    def __call__(self) -> Any:
+        threading.Thread(target=self._watch, name="lease-watch", daemon=True).start()
+        return self.command()
+
+    def _mtime(self) -> int | None:
+        try:
+            return os.stat(self.lease).st_mtime_ns
+        except FileNotFoundError:
+            return None
+
+    def _watch(self) -> None:
+        seen, changed = self._mtime(), time.monotonic()
+        while True:
+            time.sleep(max(1.0, min(10.0, self.timeout_s / 5)))
+            if (mtime := self._mtime()) != seen:
+                seen, changed = mtime, time.monotonic()
+            elif time.monotonic() - changed > self.timeout_s:
+                print(f"the flow process that submitted this job has not renewed {self.lease} for "
+                      f"{self.timeout_s:.0f} s (killed, or its machine is gone): cancelling the job", flush=True)
+                cancel_this_job()
+                return
+
+
+def cancel_this_job() -> None:
+    """scancel this Slurm job (every node, no requeue); outside Slurm, interrupt this process,
+    which makes :class:`Command` stop its program."""
+    job = os.environ.get("SLURM_JOB_ID")
+    if job:
+        if os.environ.get("SLURM_ARRAY_TASK_ID"):
+            job = f"{os.environ['SLURM_ARRAY_JOB_ID']}_{os.environ['SLURM_ARRAY_TASK_ID']}"
+        subprocess.run(["scancel", job], check=False, timeout=60)
+    else:
+        os.kill(os.getpid(), signal.SIGINT)

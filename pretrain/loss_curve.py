@@ -115,11 +115,11 @@ def _decimals(span: float) -> int:
     return min(12, max(0, 3 - math.floor(math.log10(span))))
 
 
-def _number(value: float, decimals: int) -> str:
+def axis_number(value: float, decimals: int) -> str:
     return f"{value:.{decimals}f}"
 
 
-def _y_range(values: np.ndarray) -> tuple[float, float, int]:
+def axis_range(values: np.ndarray) -> tuple[float, float, int]:
     """The data's range with a 5 % margin, never below zero for a non-negative loss."""
     low, high = float(values.min()), float(values.max())
     margin = (high - low) * 0.05 or abs(high) * 0.1 or 1.0
@@ -143,7 +143,7 @@ def _grid_max(steps: np.ndarray, values: np.ndarray, grid: np.ndarray) -> np.nda
     return np.interp(grid, grid[filled], highest[filled])
 
 
-def _mermaid_text(text: str) -> str:
+def mermaid_text(text: str) -> str:
     # A mermaid string ends at the next double quote and at the end of the line.
     return " ".join(text.replace('"', "'").split())
 
@@ -170,7 +170,7 @@ def mermaid_chart(points: list[dict], title: str) -> str:
         lines.append((TRAIN_COLOUR, _grid_max(train_steps, train, grid)))
     if len(val):
         lines.append((VAL_COLOUR, np.interp(grid, val_steps, val)))
-    bottom, top, decimals = _y_range(np.concatenate([values for _, values in lines]))
+    bottom, top, decimals = axis_range(np.concatenate([values for _, values in lines]))
     skipped = len(nonfinite_steps(points))
     if skipped:
         title = f"{title} ({skipped} non-finite losses not drawn)"
@@ -184,10 +184,10 @@ def mermaid_chart(points: list[dict], title: str) -> str:
         f'      plotColorPalette: "{", ".join(colour for colour, _ in lines)}"',
         "---",
         "xychart-beta",
-        f'    title "{_mermaid_text(title)}"',
+        f'    title "{mermaid_text(title)}"',
         f'    x-axis "step" {x_axis}',
-        f'    y-axis "loss" {_number(bottom, decimals)} --> {_number(top, decimals)}',
-        *(f"    line [{', '.join(_number(v, decimals) for v in values)}]" for _, values in lines),
+        f'    y-axis "loss" {axis_number(bottom, decimals)} --> {axis_number(top, decimals)}',
+        *(f"    line [{', '.join(axis_number(v, decimals) for v in values)}]" for _, values in lines),
     ])
 
 
@@ -323,6 +323,7 @@ class RunSummary(TypedDict):
     stage_seconds: dict[str, float]
     final_step: int | None
     tokens_per_s: float | None
+    step_time_ms: float | None
     mfu_pct: float | None
     final_loss: float | None
     final_val_loss: float | None
@@ -341,11 +342,12 @@ def _last_finite(points: list[dict], key: str) -> float | None:
 
 def metrics_summary(points: list[dict]) -> dict[str, Any]:
     """The ``RunSummary`` fields that come from the metrics stream: ``final_step``,
-    ``tokens_per_s``, ``mfu_pct``, ``final_loss``, ``final_val_loss``."""
+    ``tokens_per_s``, ``step_time_ms``, ``mfu_pct``, ``final_loss``, ``final_val_loss``."""
     ordered = _by_step(points)
     return {
         "final_step": ordered[-1]["step"] if ordered else None,
         "tokens_per_s": _median_after_first(ordered, "tokens_per_s"),
+        "step_time_ms": _median_after_first(ordered, "step_time_ms"),
         "mfu_pct": _median_after_first(ordered, "mfu_pct"),
         "final_loss": _last_finite(ordered, "loss"),
         "final_val_loss": _last_finite(ordered, "val_loss"),
@@ -364,6 +366,7 @@ def run_summary_markdown(summary: RunSummary) -> str:
     if missing:
         raise ValueError(f"run summary lacks {', '.join(missing)}; RunSummary lists every key")
     tokens, mfu, step = summary["tokens_per_s"], summary["mfu_pct"], summary["final_step"]
+    step_ms = summary["step_time_ms"]
     lines = [
         f"### Run summary: {summary['spec'].get('name', 'unnamed spec')}",
         "| result | value |",
@@ -371,6 +374,7 @@ def run_summary_markdown(summary: RunSummary) -> str:
         f"| final train loss | {_fmt(summary['final_loss'])}{'' if step is None else f' (step {step})'} |",
         f"| final validation loss | {_fmt(summary['final_val_loss'])} |",
         f"| tokens/s | {'n/a' if tokens is None else f'{tokens:,.0f}'} |",
+        f"| step time | {'n/a' if step_ms is None else f'{step_ms:,.1f} ms'} |",
         f"| MFU | {'n/a' if mfu is None else f'{mfu:.1f} %'} |",
         f"| code version | `{summary['code_version']}` |",
         "",

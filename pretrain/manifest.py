@@ -51,6 +51,16 @@ def code_version() -> str:
         return f"pretrain-pipeline=={version('pretrain-pipeline')}"
 
 
+class MissingOutput(RuntimeError):
+    """A stage left out of a run has no output for this spec to hand to the stages after it."""
+
+    retryable = False  # trying again finds the same nothing
+
+    def __init__(self, stage: str, final: Path):
+        super().__init__(f"the {stage} stage was not asked to run and has no complete output for this spec "
+                         f"at {final}; add '{stage}' to the flow's stages (or run it once without stages)")
+
+
 def output_dir(root: str | Path, stage: str, key: str) -> Path:
     """``<root>/<stage>/<stage>-<key[:16]>``: readable, and distinct for distinct keys."""
     return Path(root).expanduser() / stage / f"{stage}-{key[:16]}"

@@ -22,8 +22,9 @@ class Strict(BaseModel):
 class DataSource(Strict):
     uri: str = Field(description="s3://bucket/key, s3://bucket/prefix/, https://... or a local path.")
     credentials: str | None = Field(
-        None, description="Name of a prefect-aws AwsCredentials block; none means anonymous "
-        "access (public buckets such as s3://neuron-s3).")
+        None, description="s3://: name of a prefect-aws AwsCredentials block; https://: name of a Secret "
+        "block holding a bearer token (a Hugging Face token, say). None: anonymous access (public "
+        "buckets such as s3://neuron-s3, public URLs).")
     endpoint_url: str | None = Field(None, description="S3-compatible endpoint, overriding the block's.")
     decompress: bool = Field(False, description="Unpack .xz/.gz/.zst/.bz2 files after download.")
     sha256: str | None = Field(None, description="Expected sha256 of a single-file source.")

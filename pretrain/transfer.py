@@ -171,10 +171,14 @@ class S3Reader:
 
 
 @contextmanager
-def _http_errors(uri: str) -> Iterator[None]:
+def _http_errors(uri: str, authorized: bool = False) -> Iterator[None]:
     try:
         yield
     except urllib.error.HTTPError as exc:
+        if exc.code in (401, 403):
+            fix = ("the token in the source's credentials Secret block was refused; renew it" if authorized
+                   else "the server wants a token: name a Secret block holding it as the source's credentials")
+            raise FetchError(f"{uri}: HTTP {exc.code} {exc.reason}; {fix}") from None
         raise FetchError(f"{uri}: HTTP {exc.code} {exc.reason}; check the URL",
                          retryable=exc.code >= 500) from None
     except (urllib.error.URLError, TimeoutError, ConnectionError) as exc:
@@ -183,12 +187,22 @@ def _http_errors(uri: str) -> Iterator[None]:
 
 
 class HttpReader:
-    def __init__(self, timeout_s: float = 60):
+    """https:// sources; ``token`` (a Hugging Face token, say) is sent as a bearer token."""
+
+    def __init__(self, timeout_s: float = 60, token: str | None = None):
         self.timeout_s = timeout_s
+        self.token = token
+
+    def _request(self, uri: str, **kwargs: Any) -> urllib.request.Request:
+        request = urllib.request.Request(uri, **kwargs)
+        if self.token:
+            # Unredirected: a redirect to another host (a CDN) must not receive the token.
+            request.add_unredirected_header("Authorization", f"Bearer {self.token}")
+        return request
 
     def list(self, uri: str) -> list[RemoteObject]:
-        request = urllib.request.Request(uri, method="HEAD")
-        with _http_errors(uri), urllib.request.urlopen(request, timeout=self.timeout_s) as resp:
+        request = self._request(uri, method="HEAD")
+        with _http_errors(uri, bool(self.token)), urllib.request.urlopen(request, timeout=self.timeout_s) as resp:
             size = int(resp.headers.get("Content-Length", -1))
             tag = resp.headers.get("ETag") or resp.headers.get("Last-Modified") or ""
         name = PurePosixPath(urllib.parse.urlparse(uri).path).name
@@ -199,8 +213,8 @@ class HttpReader:
         return [RemoteObject(uri, safe_relative_name(name, uri), size, f"{tag}|{size}")]
 
     def read_range(self, obj: RemoteObject, start: int, end: int) -> bytes:
-        request = urllib.request.Request(obj.uri, headers={"Range": f"bytes={start}-{end - 1}"})
-        with _http_errors(obj.uri), urllib.request.urlopen(request, timeout=self.timeout_s) as resp:
+        request = self._request(obj.uri, headers={"Range": f"bytes={start}-{end - 1}"})
+        with _http_errors(obj.uri, bool(self.token)), urllib.request.urlopen(request, timeout=self.timeout_s) as resp:
             data = resp.read()
             if resp.status == 200 and (start, end) != (0, obj.size):
                 data = data[start:end]  # the server ignored Range

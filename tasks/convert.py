@@ -14,7 +14,7 @@ from prefect.logging import get_run_logger
 from pretrain import manifest
 from pretrain.command import Command
 from pretrain.spec import PretrainSpec
-from tasks.artifacts import artifact_key
+from tasks.artifacts import artifact_key, retryable
 from tasks.slurm import JobRequest, cluster_for, job_folder, run_job
 from trainer.launch.convert_command import convert_command, convert_flags
 
@@ -27,9 +27,10 @@ def source_fingerprint(source: Path) -> dict:
     return {"config": (source / "config.json").read_text(), "files": [(p.name, p.stat().st_size) for p in files]}
 
 
-@task(name="convert", retries=1, retry_delay_seconds=10)
-def convert(spec: PretrainSpec) -> str:
-    """Convert ``model.init_from``; return the directory NxDT's ``resume_from_checkpoint`` takes."""
+@task(name="convert", retries=1, retry_delay_seconds=10, retry_condition_fn=retryable)
+def convert(spec: PretrainSpec, reuse_only: bool = False) -> str:
+    """Convert ``model.init_from``; return the directory NxDT's ``resume_from_checkpoint`` takes.
+    ``reuse_only``: return an existing complete conversion, never submit (the stage was left out)."""
     logger = get_run_logger()
     source = Path(spec.model.init_from).expanduser()
     if not (source / "config.json").exists():
@@ -40,6 +41,8 @@ def convert(spec: PretrainSpec) -> str:
                                 "code": manifest.code_version()})
     final = manifest.output_dir(spec.paths.root, "convert", key)
     if (done := manifest.load_valid(final, key)) is None:
+        if reuse_only:
+            raise manifest.MissingOutput("convert", final)
         cluster = cluster_for(spec)
         with manifest.staged_output(final) as staging:
             record_path = staging.with_name(staging.name + ".record.json")

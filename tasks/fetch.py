@@ -28,7 +28,7 @@ from pretrain.transfer import (
     ANONYMOUS, FetchError, HttpReader, LocalReader, RemoteObject, S3Reader, decompress, decompressed_name,
     download,
 )
-from tasks.artifacts import artifact_key
+from tasks.artifacts import artifact_key, retryable
 
 FETCH_FORMAT = 1  # bump when the layout of fetch outputs changes
 FILE_WORKERS = 4
@@ -42,7 +42,8 @@ def _s3_client_config() -> dict[str, Any]:
 
 
 def reader_for(source: DataSource) -> S3Reader | HttpReader | LocalReader:
-    """A reader with the source's credentials: a prefect-aws AwsCredentials block, or none."""
+    """A reader with the source's credentials: a prefect-aws AwsCredentials block (s3://), a
+    Secret block holding a bearer token such as a Hugging Face token (https://), or none."""
     if source.uri.startswith("s3://"):
         if source.credentials:
             from prefect_aws import AwsCredentials
@@ -57,6 +58,10 @@ def reader_for(source: DataSource) -> S3Reader | HttpReader | LocalReader:
             config=Config(signature_version=UNSIGNED, **_s3_client_config()))
         return S3Reader(client, ANONYMOUS)
     if source.uri.startswith(("http://", "https://")):
+        if source.credentials:
+            from prefect.blocks.system import Secret
+
+            return HttpReader(token=Secret.load(source.credentials).get())
         return HttpReader()
     return LocalReader()
 
@@ -92,15 +97,11 @@ def _fetch_one(reader, source: DataSource, obj: RemoteObject, staging: Path) -> 
     return {**record, "bytes_transferred": result.bytes_transferred, "resumed": False}
 
 
-def _retryable(task, task_run, state) -> bool:
-    exc = state.result(raise_on_failure=False)
-    return getattr(exc, "retryable", True)
-
-
 @task(name="fetch", retries=3, retry_delay_seconds=exponential_backoff(backoff_factor=5),
-      retry_condition_fn=_retryable)
-def fetch(spec: PretrainSpec) -> str:
-    """Fetch ``spec.data.sources``; return the output directory."""
+      retry_condition_fn=retryable)
+def fetch(spec: PretrainSpec, reuse_only: bool = False) -> str:
+    """Fetch ``spec.data.sources``; return the output directory. ``reuse_only``: return an
+    existing complete output, never download (the stage was left out of the run)."""
     logger = get_run_logger()
     listing = []
     for source in spec.data.sources:
@@ -125,6 +126,8 @@ def fetch(spec: PretrainSpec) -> str:
                 for f, m in cached["files"].items()]
         _publish(spec, rows, final, cached=True)
         return str(final)
+    if reuse_only:
+        raise manifest.MissingOutput("fetch", final)
 
     started = time.monotonic()
     with manifest.staged_output(final) as staging:

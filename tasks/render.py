@@ -10,13 +10,14 @@ import submitit
 import yaml
 from prefect import task
 from prefect.artifacts import create_markdown_artifact
+from prefect.logging import get_run_logger
 
 from blocks.cluster import SlurmCluster
 from pretrain.command import Command
 from pretrain.spec import PretrainSpec
 from tasks.artifacts import artifact_key
 from tasks.precompile import CONFIG_NAME, precompile_script, shell_line
-from tasks.slurm import JobRequest, job_folder, slurm_parameters
+from tasks.slurm import JobRequest, MissingClusterBlock, job_folder, load_cluster_block, slurm_parameters
 from trainer.launch import megatron_lm, native, nxdt
 from trainer.launch.convert_command import convert_command
 
@@ -83,11 +84,21 @@ def write_files(files: dict[str, str], out: Path) -> None:
 
 @task(name="render")
 def publish_rendered(spec: PretrainSpec) -> list[str]:
-    """dry_run: every rendered file as a markdown artifact, nothing submitted."""
-    files = render_files(spec)
+    """dry_run: every rendered file as a markdown artifact, nothing submitted. The sbatch script
+    carries the site settings of the spec's SlurmCluster block; a block that does not exist yet
+    is no reason to refuse a preview: it is rendered with Slurm's defaults and says so."""
+    cluster, note = None, ""
+    if spec.cluster.block:
+        try:
+            cluster = load_cluster_block(spec.cluster.block).model_copy(update={"executor": "slurm"})
+        except MissingClusterBlock as missing:
+            get_run_logger().warning("dry run: %s; the sbatch script shows Slurm's defaults instead", missing)
+            note = f"; without the site settings of cluster.block={spec.cluster.block!r}: no such block yet"
+    files = render_files(spec, cluster)
     for name, text in files.items():
         language = {"yaml": "yaml", "json": "json"}.get(name.rsplit(".", 1)[-1], "bash")
         create_markdown_artifact(f"**{name}**\n\n```{language}\n{text}```",
                                  key=artifact_key(spec.name, "render-" + name.split(".")[0].replace("_", "-")),
-                                 description=f"{name} rendered for {spec.name} (dry run)")
+                                 description=f"{name} rendered for {spec.name} (dry run)"
+                                             + (note if name.startswith("sbatch") else ""))
     return sorted(files)

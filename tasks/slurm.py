@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import atexit
 import logging
+import os
 import shutil
 import signal
 import subprocess
@@ -27,6 +28,7 @@ from prefect.exceptions import MissingContextError
 from prefect.logging import get_run_logger
 
 from blocks.cluster import SlurmCluster
+from pretrain.command import LEASE, Leased
 
 # sacct states after which the job will not run again (PREEMPTED and REQUEUED are followed by a restart).
 TERMINAL_STATES = {
@@ -203,24 +205,43 @@ def _executor(request: JobRequest, cluster: SlurmCluster, job_dir: Path) -> subm
     return executor
 
 
+def _leased(command: Callable[[], Any], cluster: SlurmCluster, job_dir: Path) -> Callable[[], Any]:
+    """``command`` under a lease that :func:`wait_all` renews while it follows the job: should
+    this process die without cancelling (SIGKILL, a lost machine), the job cancels itself."""
+    if not cluster.lease_timeout_s:
+        return command
+    job_dir.mkdir(parents=True, exist_ok=True)
+    (job_dir / LEASE).touch()
+    return Leased(command, str(job_dir / LEASE), cluster.lease_timeout_s)
+
+
+def _renew_lease(job: submitit.Job) -> None:
+    try:
+        os.utime(Path(job.paths.folder) / LEASE)
+    except FileNotFoundError:
+        pass  # submitted without a lease
+
+
 def submit(request: JobRequest, cluster: SlurmCluster, folder: Path) -> submitit.Job:
     """Submit ``request``; its scripts and logs go to a fresh directory under ``folder``.
 
     A fresh directory per submission keeps a reset cluster's reused job ids from finding an
     older job's result files.
     """
-    executor = _executor(request, cluster, _job_dir(folder, request.name))
+    job_dir = _job_dir(folder, request.name)
+    executor = _executor(request, cluster, job_dir)
     _exit_on_sigterm()
-    job = executor.submit(request.command)
+    job = executor.submit(_leased(request.command, cluster, job_dir))
     _active_jobs[job.job_id] = job
     return job
 
 
 def submit_array(requests: list[JobRequest], cluster: SlurmCluster, folder: Path) -> list[submitit.Job]:
     """Submit same-shaped requests as one Slurm job array (one job each on the local executor)."""
-    executor = _executor(requests[0], cluster, _job_dir(folder, requests[0].name))
+    job_dir = _job_dir(folder, requests[0].name)
+    executor = _executor(requests[0], cluster, job_dir)
     _exit_on_sigterm()
-    jobs = executor.submit_array([r.command for r in requests])
+    jobs = executor.submit_array([_leased(r.command, cluster, job_dir) for r in requests])
     _active_jobs.update({job.job_id: job for job in jobs})
     return jobs
 
@@ -314,8 +335,15 @@ def _outcome(job: submitit.Job, name: str, record: SacctRecord, follower: LogFol
     try:
         return job.results()
     except (submitit.core.utils.FailedJobError, submitit.core.utils.UncompletedJobError) as exc:
-        reason = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
-        return failed(record.state if record.state in TERMINAL_STATES else "FAILED", reason)
+        return failed(record.state if record.state in TERMINAL_STATES else "FAILED", failure_reason(str(exc)))
+
+
+def failure_reason(text: str) -> str:
+    """The line that says why, from submitit's failure text: the last line of the job's
+    traceback (``CommandFailed: ... exit code 1``), not the log paths submitit appends."""
+    lines = [line.strip() for line in text.split("You can check full logs", 1)[0].splitlines()]
+    lines = [line for line in lines if line and set(line) != {"-"}]
+    return lines[-1] if lines else "no reason given"
 
 
 def wait_all(jobs: list[submitit.Job], names: list[str], poll_s: float = 2.0,
@@ -356,6 +384,8 @@ def wait_all(jobs: list[submitit.Job], names: list[str], poll_s: float = 2.0,
                                              log_path=str(jobs[i].paths.stdout))
             break
         if pending:
+            for i in pending:
+                _renew_lease(jobs[i])
             if on_poll is not None:
                 on_poll()
             time.sleep(poll_s)
@@ -395,9 +425,23 @@ def expand_nodes(nodes: str) -> list[str]:
     return out.stdout.split() if out.returncode == 0 else [nodes]
 
 
+class MissingClusterBlock(ValueError):
+    retryable = False  # trying again finds the same nothing
+
+
+def load_cluster_block(name: str) -> SlurmCluster:
+    try:
+        return SlurmCluster.load(name)
+    except ValueError as exc:  # Prefect's "Unable to find block document named ..."
+        raise MissingClusterBlock(
+            f"cluster.block={name!r}: no SlurmCluster block of that name on this Prefect server ({exc}); "
+            f"create it in the UI (Blocks > Slurm Cluster) or with SlurmCluster(...).save({name!r}), "
+            "or leave cluster.block unset") from None
+
+
 def cluster_for(spec: Any) -> SlurmCluster:
     """The spec's SlurmCluster block (or the defaults), with the spec's executor choice."""
-    cluster = SlurmCluster.load(spec.cluster.block) if spec.cluster.block else SlurmCluster()
+    cluster = load_cluster_block(spec.cluster.block) if spec.cluster.block else SlurmCluster()
     if spec.cluster.executor != "auto":
         cluster = cluster.model_copy(update={"executor": spec.cluster.executor})
     return cluster

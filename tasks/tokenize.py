@@ -22,7 +22,7 @@ from prefect.logging import get_run_logger
 from pretrain import manifest
 from pretrain.command import Command
 from pretrain.spec import PretrainSpec
-from tasks.artifacts import artifact_key
+from tasks.artifacts import artifact_key, retryable
 from tasks.slurm import JobRequest, SlurmJobFailed, cluster_for, job_folder, run_array, run_job
 
 TOKENIZE_FORMAT = 1  # bump when the layout of tokenize outputs changes
@@ -78,9 +78,10 @@ def shard_count(spec: PretrainSpec, input_bytes: int) -> int:
     return spec.data.tokenize_shards or max(1, min(MAX_SHARDS, math.ceil(input_bytes / SHARD_BYTES)))
 
 
-@task(name="tokenize", retries=2, retry_delay_seconds=10)
-def tokenize(spec: PretrainSpec, data_dir: str) -> str:
-    """Tokenize the fetched corpus; return the dataset prefix (``.../data_text_document``)."""
+@task(name="tokenize", retries=2, retry_delay_seconds=10, retry_condition_fn=retryable)
+def tokenize(spec: PretrainSpec, data_dir: str, reuse_only: bool = False) -> str:
+    """Tokenize the fetched corpus; return the dataset prefix (``.../data_text_document``).
+    ``reuse_only``: return an existing complete dataset, never submit (the stage was left out)."""
     logger = get_run_logger()
     data = Path(data_dir)
     inputs = jsonl_inputs(data)
@@ -99,6 +100,8 @@ def tokenize(spec: PretrainSpec, data_dir: str) -> str:
         logger.info("tokenize: %s is complete (manifest valid); nothing submitted", final)
         _publish(spec, cached, prefixes, cached=True)
         return prefixes[0]
+    if reuse_only:
+        raise manifest.MissingOutput("tokenize", final)
 
     input_bytes = sum(p.stat().st_size for p in inputs)
     shards = shard_count(spec, input_bytes)

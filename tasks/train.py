@@ -25,6 +25,7 @@ from pretrain.command import Command
 from pretrain.log_parsers import MetricsStream, parse_log
 from pretrain.loss_curve import metrics_summary
 from pretrain.spec import PretrainSpec
+from tasks.artifacts import retryable
 from tasks.precompile import native_compile_rows
 from tasks.tokenize import eod_id
 from tasks.slurm import (JobRequest, SlurmJobFailed, cluster_for, executor_kind, expand_nodes, job_folder,
@@ -38,7 +39,9 @@ NODE_STATES = {"NODE_FAIL", "BOOT_FAIL"}
 
 
 class TrainingFailed(RuntimeError):
-    pass
+    # The task's own loop has already spent backend.native.max_restarts on resubmissions; a
+    # Prefect retry would spend the budget a second time.
+    retryable = False
 
 
 class RunHung(RuntimeError):
@@ -116,7 +119,7 @@ class MetricsFollower:
                           "cancelled as hung")
 
 
-@task(name="train", retries=1, retry_delay_seconds=10)
+@task(name="train", retries=1, retry_delay_seconds=10, retry_condition_fn=retryable)
 def train(spec: PretrainSpec, dataset: str, data_dir: str, nodelist: list[str] | None = None) -> dict[str, Any]:
     """Train until the configured step; returns the trainer's final record with the job history."""
     logger = get_run_logger()

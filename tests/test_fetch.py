@@ -301,3 +301,73 @@ def test_https_style_and_local_sources(tmp_path):
             run_fetch(missing)
     finally:
         server.shutdown()
+
+
+class TokenRangeHandler(RangeHandler):
+    """A file server that, like the Hugging Face Hub for gated models, wants a bearer token,
+    and sends one redirect to another host (as the Hub does to its CDN)."""
+
+    token = "hf_" + "x" * 34
+    seen_on_redirect: list[str | None] = []
+
+    def send_head(self):
+        if self.path.startswith("/cdn/"):
+            TokenRangeHandler.seen_on_redirect.append(self.headers.get("Authorization"))
+            self.path = self.path.removeprefix("/cdn")
+            return super().send_head()
+        if self.headers.get("Authorization") != f"Bearer {self.token}":
+            self.send_error(401, "Unauthorized")
+            return None
+        if self.path.startswith("/redirect/"):
+            self.send_response(302)
+            # another host name for the same server: a different origin for urllib
+            self.send_header("Location", f"http://localhost:{self.server.server_address[1]}/cdn/"
+                                         + self.path.removeprefix("/redirect/"))
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return None
+        return super().send_head()
+
+
+def test_https_source_with_a_token_from_a_secret_block(tmp_path):
+    from prefect import get_client
+    from prefect.blocks.system import Secret
+    from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
+    from prefect.logging.handlers import APILogWorker
+
+    served = tmp_path / "www"
+    served.mkdir()
+    weights = os.urandom(PART_SIZE + 123)
+    (served / "model.safetensors").write_bytes(weights)
+    Secret(value=TokenRangeHandler.token).save("hf-token-test", overwrite=True)
+    server = ThreadingHTTPServer(("127.0.0.1", 0), partial(TokenRangeHandler, directory=str(served)))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        base = f"http://127.0.0.1:{server.server_address[1]}"
+        spec = spec_with(tmp_path / "root", [{"uri": f"{base}/model.safetensors", "credentials": "hf-token-test"}])
+        state = run_fetch(spec, return_state=True)
+        out = Path(state.result())
+        assert (out / "model.safetensors").read_bytes() == weights
+        APILogWorker.drain_all(timeout=30)
+        with get_client(sync_client=True) as client:
+            logs = client.read_logs(log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(
+                any_=[state.state_details.flow_run_id])))
+        assert logs and not any(TokenRangeHandler.token in log.message for log in logs)
+
+        # a redirect to another host never carries the token
+        TokenRangeHandler.seen_on_redirect.clear()
+        redirected = spec_with(tmp_path / "root2", [{"uri": f"{base}/redirect/model.safetensors",
+                                                     "credentials": "hf-token-test"}])
+        assert (Path(run_fetch(redirected)) / "model.safetensors").read_bytes() == weights
+        assert TokenRangeHandler.seen_on_redirect and set(TokenRangeHandler.seen_on_redirect) == {None}
+
+        anonymous = spec_with(tmp_path / "root3", [{"uri": f"{base}/model.safetensors"}])
+        with pytest.raises(FetchError, match="HTTP 401.*name a Secret block holding it"):
+            run_fetch(anonymous)
+        Secret(value="hf_revoked").save("hf-token-revoked", overwrite=True)
+        refused = spec_with(tmp_path / "root4", [{"uri": f"{base}/model.safetensors", "credentials": "hf-token-revoked"}])
+        with pytest.raises(FetchError, match="HTTP 401.*was refused; renew it") as info:
+            run_fetch(refused)
+        assert "hf_revoked" not in str(info.value)
+    finally:
+        server.shutdown()

@@ -36,7 +36,7 @@ def native_log(steps: range, every_eval: int = 0) -> str:
     lines = []
     for step in steps:
         record = {"step": step, "loss": 2.0 + 8.0 * math.exp(-step / 300) + 0.05 * math.sin(step * 1.7),
-                  "lr": 3e-4, "grad_norm": 1.0, "tokens_per_s": 1000.0 + step % 7, "mfu_pct": 40.0}
+                  "lr": 3e-4, "grad_norm": 1.0, "tokens_per_s": 1000.0 + step % 7, "step_time_ms": 500.0 + step % 3, "mfu_pct": 40.0}
         if every_eval and step % every_eval == 0:
             record["val_loss"] = 2.2 + 8.0 * math.exp(-step / 300)
         lines.append(json.dumps(record))
@@ -185,21 +185,38 @@ console.log(JSON.stringify(results));
 """
 
 
+# The mermaid the Prefect UI bundles (prefect 3.8.8: the `info` diagram in
+# prefect/server/ui-v2/assets/vendor-mermaid-*.js reports 12.0.0); the Makefile pins the same.
+MERMAID_VERSION = "12.0.0"
+# Where `make node-deps` (part of `make test`) installs mermaid and jsdom.
+PROJECT_NODE_MODULES = Path(__file__).resolve().parents[1] / ".cache" / "node" / "node_modules"
+NPM_INSTALL = f"npm install --prefix .cache/node --save-exact mermaid@{MERMAID_VERSION} jsdom@29.1.1"
+
+
 @pytest.fixture(scope="module")
 def render_mermaid(tmp_path_factory):
     """mermaid's own parser and renderer under node + jsdom, from a node_modules directory holding
-    the mermaid the Prefect UI bundles and jsdom:
-    ``npm install --prefix DIR mermaid@12.0.0 jsdom`` and ``MERMAID_NODE_MODULES=DIR/node_modules``."""
-    modules = os.environ.get("MERMAID_NODE_MODULES", "")
-    if not shutil.which("node") or not (Path(modules) / "mermaid" / "dist" / "mermaid.core.mjs").exists():
-        pytest.skip("set MERMAID_NODE_MODULES to a node_modules with mermaid@12.0.0 and jsdom "
-                    "(npm install --prefix DIR mermaid@12.0.0 jsdom) to check charts with mermaid itself")
+    the mermaid the Prefect UI bundles (12.0.0) and jsdom: the project's ``.cache/node/node_modules``
+    that ``make node-deps`` (run by ``make test``) fills, or ``MERMAID_NODE_MODULES``. Missing
+    modules fail the tests rather than skip them: the chart must be checked by mermaid itself."""
+    modules = Path(os.environ.get("MERMAID_NODE_MODULES") or PROJECT_NODE_MODULES)
+    if not shutil.which("node"):
+        pytest.fail("node is not on PATH: install Node.js (>= 20.19) and run `make node-deps` "
+                    "to check the loss chart with mermaid itself")
+    package = modules / "mermaid" / "package.json"
+    if not (modules / "mermaid" / "dist" / "mermaid.core.mjs").exists() or not (modules / "jsdom").is_dir():
+        pytest.fail(f"no mermaid and jsdom in {modules}: run `make node-deps` (or `make test`), i.e. "
+                    f"`{NPM_INSTALL}`, or set MERMAID_NODE_MODULES to a node_modules holding them")
+    installed = json.loads(package.read_text())["version"]
+    if installed != MERMAID_VERSION:
+        pytest.fail(f"{modules} has mermaid {installed}, the Prefect UI bundles {MERMAID_VERSION}: "
+                    f"run `{NPM_INSTALL}` or `make node-deps`")
     script = tmp_path_factory.mktemp("mermaid") / "render.mjs"
     script.write_text(RENDER_JS)
 
     def render(charts: list[str]) -> list[dict]:
         done = subprocess.run(["node", str(script)], input=json.dumps(charts), capture_output=True, text=True,
-                              timeout=120, env={**os.environ, "MERMAID_NODE_MODULES": modules})
+                              timeout=120, env={**os.environ, "MERMAID_NODE_MODULES": str(modules)})
         assert done.returncode == 0, done.stderr
         return json.loads(done.stdout)
 
@@ -317,9 +334,9 @@ def test_metrics_summary_takes_the_stream_apart():
     points[0]["tokens_per_s"] = 1.0  # the warm-up step must not count
     points[-1]["loss"] = float("nan")
     summary = metrics_summary(points)
-    assert summary == {"final_step": 5000, "tokens_per_s": 1003.0, "mfu_pct": 40.0,
+    assert summary == {"final_step": 5000, "tokens_per_s": 1003.0, "step_time_ms": 501.0, "mfu_pct": 40.0,
                        "final_loss": points[-2]["loss"], "final_val_loss": points[-1]["val_loss"]}
-    assert metrics_summary([]) == {"final_step": None, "tokens_per_s": None, "mfu_pct": None,
+    assert metrics_summary([]) == {"final_step": None, "tokens_per_s": None, "step_time_ms": None, "mfu_pct": None,
                                    "final_loss": None, "final_val_loss": None}
 
 
@@ -331,6 +348,7 @@ def test_run_summary_markdown_reports_every_key():
     assert f"| final train loss | {summary['final_loss']:.4g} (step 5000) |" in markdown
     assert f"| final validation loss | {summary['final_val_loss']:.4g} |" in markdown
     assert "| tokens/s | 1,003 |" in markdown and "| MFU | 40.0 % |" in markdown
+    assert "| step time | 501.0 ms |" in markdown
     assert "`git:0123456789abcdef0123456789abcdef01234567`" in markdown
     assert "| train | 42 | node-[1-4] |" in markdown and "| tokenize | 41_0 | node-1 |" in markdown
     assert "| train | 7384.0 | 2:03:04 |" in markdown

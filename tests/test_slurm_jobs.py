@@ -113,6 +113,8 @@ def test_failing_command_reports_state_exit_code_and_last_lines(local_stack, sha
     assert err.state == "FAILED"
     assert "exit code 3" in str(err)
     assert "disk quota exceeded" in str(err)
+    # the first line says why (the program's failure), not where submitit's logs are
+    assert str(err).splitlines()[0].endswith("failed with exit code 3")
 
 
 def test_scancel_fails_the_wait_promptly(local_stack, shared_dir):
@@ -180,6 +182,52 @@ def test_flow_process_terminated_cancels_its_job(local_stack, shared_dir):
     while job_id in squeue_ids() and time.monotonic() < deadline:
         time.sleep(0.5)
     assert job_id not in squeue_ids()
+
+
+def orphan_program(shared_dir, ids, cluster: str) -> str:
+    return textwrap.dedent(f"""
+        from pathlib import Path
+        from blocks.cluster import SlurmCluster
+        from pretrain.command import Command
+        from tasks.slurm import JobRequest, run_job
+        run_job(JobRequest("orphan", Command(["sleep", "300"]), time_limit_min=5),
+                SlurmCluster.model_validate({cluster}), Path({str(shared_dir)!r}), poll_s=0.5,
+                on_submit=lambda job: Path({str(ids)!r}).write_text(job.job_id))
+    """)
+
+
+@pytest.mark.parametrize("executor", ["slurm", "local"])
+def test_killed_flow_process_leaves_no_job_behind(local_stack, shared_dir, executor):
+    """SIGKILL runs no cleanup at all: the job notices its lease is no longer renewed."""
+    ids = shared_dir / "job-id"
+    cluster = {"executor": executor, "lease_timeout_s": 6}
+    proc = subprocess.Popen([sys.executable, "-c", orphan_program(shared_dir, ids, repr(cluster))],
+                            env=os.environ.copy(), start_new_session=executor == "local")
+    deadline = time.monotonic() + 60
+    while not ids.exists() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    job_id = ids.read_text()
+    time.sleep(10)  # longer than the lease: a followed job is left alone
+    if executor == "slurm":
+        assert job_id in squeue_ids()
+    else:
+        assert int(job_id) > 0 and _alive(int(job_id))
+    proc.kill()
+    proc.wait(timeout=30)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and (job_id in squeue_ids() if executor == "slurm" else _alive(int(job_id))):
+        time.sleep(0.5)
+    assert job_id not in squeue_ids() if executor == "slurm" else not _alive(int(job_id))
+    log = next(shared_dir.glob(f"orphan-*/{job_id}_0_log.out")).read_text()
+    assert "has not renewed" in log and "cancelling the job" in log
+
+
+def _alive(pid: int) -> bool:
+    """Whether a local job's process still runs (a zombie no longer does)."""
+    try:
+        return open(f"/proc/{pid}/stat").read().split(")")[-1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
 
 
 # ---------------------------------------------------------------- local executor

@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
-# Debian's Slurm with accounting for the local stack: idempotent, quiet when already installed,
-# a no-op (exit 0) where it cannot run (not root, or no apt).
+# Debian's Slurm with accounting for the local stack, and Chromium for the tests that screenshot
+# the Prefect UI (tests/ui_screenshot.py): idempotent, quiet when already installed, a no-op
+# (exit 0) where it cannot run (not root, or no apt).
 set -euo pipefail
-packages=(slurmctld slurmd slurm-client munge slurmdbd mariadb-server)
+packages=(slurmctld slurmd slurm-client munge slurmdbd mariadb-server chromium)
 
 if dpkg-query -W -f='${Status}\n' "${packages[@]}" 2>/dev/null | grep -qv "install ok installed" \
    || [ "$(dpkg-query -W -f='${Status}\n' "${packages[@]}" 2>/dev/null | wc -l)" -ne "${#packages[@]}" ]; then
   if [ "$(id -u)" -ne 0 ] || ! command -v apt-get >/dev/null; then
-    echo "install-debian.sh: not root or no apt-get; install ${packages[*]} yourself for the local Slurm cluster"
+    echo "install-debian.sh: not root or no apt-get; install ${packages[*]} yourself for the local Slurm cluster and the UI screenshots"
     exit 0
   fi
   export DEBIAN_FRONTEND=noninteractive

@@ -1,0 +1,54 @@
+"""The `nightly-benchmark` flow: a preset in benchmark mode (fixed steps, no evaluation) through
+the whole pipeline, judged against the rolling baseline of earlier passing runs.
+
+Records go beside the outputs (``<paths.root>/benchmarks/`` or a StorageLocation block), not
+only into Prefect's database; the run ends Failed naming every metric that regressed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+
+from prefect import flow
+from prefect.runtime import flow_run
+
+from flows.pretrain import run_stages
+from pretrain.benchmark import check_thresholds, record_from_run
+from pretrain.presets import load_spec
+from tasks.benchmark import judge
+
+
+class BenchmarkRegression(RuntimeError):
+    pass
+
+
+@flow(name="nightly-benchmark", log_prints=True)
+def nightly_benchmark(preset: str = "tiny-local", overrides: list[str] | None = None, steps: int = 50,
+                      window: int = 5, thresholds: dict[str, float] | None = None,
+                      history: str | None = None) -> dict:
+    """Benchmark a preset and fail on a regression.
+
+    Args:
+        preset: The preset (or spec file) to benchmark; its backend must be `native`.
+        overrides: Spec fields to change, `key=value` each, applied before benchmark mode.
+        steps: Training steps of the benchmark run.
+        window: How many earlier passing runs of the same configuration form the baseline (median).
+        thresholds: How much worse than the baseline a metric may get, as a fraction, per metric:
+            tokens_per_s, step_time_ms, mfu_pct, final_loss, graphs_compiled_in_training, stage_s.
+        history: Name of a StorageLocation block for the records; default `<paths.root>/benchmarks`.
+    """
+    check_thresholds(thresholds or {})
+    spec = load_spec(preset, [*(overrides or []), "training.benchmark=true",
+                                     f"training.train_steps={steps}", "training.train_samples=null"])
+    if spec.backend.kind != "native":
+        raise ValueError(f"preset {preset!r} uses the {spec.backend.kind} backend; the nightly benchmark trains "
+                         "with the native backend (the one the pipeline runs end to end)")
+    outputs, seconds = run_stages(spec)
+    record = record_from_run(spec.model_dump(mode="json"), str(flow_run.get_id()), outputs["train"], seconds,
+                             outputs.get("precompile"))
+    comparisons = judge(record, history, spec.paths.root, window, thresholds)
+    regressed = [c for c in comparisons if c.regressed]
+    if regressed:
+        raise BenchmarkRegression(f"{spec.name}: {len(regressed)} metric(s) regressed: "
+                                  + "; ".join(c.describe() for c in regressed))
+    return asdict(record)

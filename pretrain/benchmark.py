@@ -1,0 +1,228 @@
+"""The nightly benchmark's records: what one run measured, where the records are kept, and the
+verdict against a rolling baseline of earlier passing runs.
+
+A record is a JSON file per run under ``<history>/<spec name>/`` on the shared filesystem or in
+S3 (any fsspec URL), so the history outlives the Prefect database. Runs compare only with runs
+of the same benchmark configuration (the spec without its paths), and only passing runs form the
+baseline, so one bad night does not become the new normal.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import posixpath
+import statistics
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import fsspec
+from fsspec.implementations.local import LocalFileSystem
+import numpy as np
+
+from pretrain import manifest
+from pretrain.loss_curve import axis_number, axis_range, mermaid_text
+
+
+@dataclass(frozen=True)
+class Rule:
+    """When a metric counts as regressed: worse than the baseline by more than ``relative``
+    (a fraction of the baseline) and by more than ``absolute`` (in the metric's unit)."""
+
+    higher_is_better: bool
+    relative: float
+    absolute: float = 0.0
+    unit: str = ""
+
+
+RULES: dict[str, Rule] = {
+    "tokens_per_s": Rule(higher_is_better=True, relative=0.10, unit="tokens/s"),
+    "step_time_ms": Rule(higher_is_better=False, relative=0.10, unit="ms"),
+    "mfu_pct": Rule(higher_is_better=True, relative=0.05, unit="%"),
+    # Fixed seeds and data: the loss at the last step moves only when the numerics change.
+    "final_loss": Rule(higher_is_better=False, relative=0.02),
+    # Graphs the training run compiled although precompile ran: the cache stopped covering it.
+    "graphs_compiled_in_training": Rule(higher_is_better=False, relative=0.0, absolute=0.5, unit="graphs"),
+}
+# Stage durations: queueing and cached stages make short ones noisy, hence the absolute floor.
+STAGE_RULE = Rule(higher_is_better=False, relative=0.25, absolute=20.0, unit="s")
+STAGE_PREFIX = "stage_s:"
+
+
+def rule_for(metric: str, thresholds: dict[str, float] | None = None) -> Rule:
+    """The rule of ``metric``, with its relative threshold replaced by ``thresholds[metric]``
+    (``thresholds["stage_s"]`` covers every stage)."""
+    base = STAGE_RULE if metric.startswith(STAGE_PREFIX) else RULES[metric]
+    key = "stage_s" if metric.startswith(STAGE_PREFIX) else metric
+    if thresholds and key in thresholds:
+        return Rule(base.higher_is_better, float(thresholds[key]), base.absolute, base.unit)
+    return base
+
+
+def check_thresholds(thresholds: dict[str, float]) -> None:
+    known = {*RULES, "stage_s"}
+    for name, value in thresholds.items():
+        if name not in known:
+            raise ValueError(f"thresholds: unknown metric {name!r}; known: {', '.join(sorted(known))}")
+        if not isinstance(value, (int, float)) or value < 0:
+            raise ValueError(f"thresholds.{name}={value!r}: give a fraction of the baseline >= 0, e.g. 0.1")
+
+
+def config_fingerprint(spec: dict[str, Any]) -> str:
+    """What makes two benchmark runs comparable: the resolved spec except where outputs go."""
+    return manifest.stable_hash({k: v for k, v in spec.items() if k not in ("paths", "description")})[:16]
+
+
+@dataclass
+class BenchmarkRecord:
+    spec_name: str
+    fingerprint: str
+    flow_run_id: str
+    started: str  # UTC, ISO 8601
+    code_version: str
+    metrics: dict[str, float | None]
+    graphs: dict[str, int] = field(default_factory=dict)
+    passed: bool | None = None  # None until compared
+    regressions: list[str] = field(default_factory=list)
+
+    def values(self) -> dict[str, float]:
+        """Every finite number this run can be compared on."""
+        return {k: float(v) for k, v in self.metrics.items()
+                if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)}
+
+
+def record_from_run(spec: dict[str, Any], flow_run_id: str, train: dict[str, Any], stage_seconds: dict[str, float],
+                    precompile: dict[str, Any] | None) -> BenchmarkRecord:
+    """One benchmark run's record from the pipeline's outputs."""
+    summary = train["metrics"]
+    metrics: dict[str, float | None] = {name: summary.get(name) for name in
+                                         ("tokens_per_s", "step_time_ms", "mfu_pct", "final_loss")}
+    graphs = dict(precompile["graphs"]) if precompile else {}
+    if precompile is not None:
+        metrics["graphs_compiled_in_training"] = sum(row["compiled"] for row in train["compiled_during_training"])
+    metrics.update({f"{STAGE_PREFIX}{stage}": seconds for stage, seconds in stage_seconds.items()})
+    return BenchmarkRecord(spec_name=spec["name"], fingerprint=config_fingerprint(spec), flow_run_id=flow_run_id,
+                           started=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                           code_version=manifest.code_version(), metrics=metrics, graphs=graphs)
+
+
+@dataclass(frozen=True)
+class Comparison:
+    metric: str
+    value: float
+    baseline: float | None
+    rule: Rule
+
+    @property
+    def change(self) -> float | None:
+        """Relative change against the baseline; positive is worse."""
+        if self.baseline is None or self.baseline == 0:
+            return None
+        delta = (self.value - self.baseline) / abs(self.baseline)
+        return -delta if self.rule.higher_is_better else delta
+
+    @property
+    def regressed(self) -> bool:
+        if self.baseline is None:
+            return False
+        worse_by = (self.baseline - self.value) if self.rule.higher_is_better else (self.value - self.baseline)
+        return worse_by > self.rule.absolute and worse_by > self.rule.relative * abs(self.baseline)
+
+    def describe(self) -> str:
+        unit = f" {self.rule.unit}" if self.rule.unit else ""
+        change = f" ({self.change:+.1%} worse)" if self.change is not None else ""
+        return (f"{self.metric} {self.value:,.4g}{unit} against a baseline of {self.baseline:,.4g}{unit}{change}; "
+                f"threshold {self.rule.relative:.0%}")
+
+
+def baseline(history: list[BenchmarkRecord], window: int) -> tuple[dict[str, float], list[BenchmarkRecord]]:
+    """The median of each metric over the last ``window`` passing runs, and those runs."""
+    runs = [r for r in history if r.passed][-window:]
+    per_metric: dict[str, list[float]] = {}
+    for run in runs:
+        for name, value in run.values().items():
+            per_metric.setdefault(name, []).append(value)
+    return {name: statistics.median(values) for name, values in per_metric.items()}, runs
+
+
+def compare(record: BenchmarkRecord, base: dict[str, float],
+            thresholds: dict[str, float] | None = None) -> list[Comparison]:
+    """Every metric of ``record`` that has a rule, against ``base``."""
+    return [Comparison(name, value, base.get(name), rule_for(name, thresholds))
+            for name, value in record.values().items() if name in RULES or name.startswith(STAGE_PREFIX)]
+
+
+class History:
+    """Benchmark records under an fsspec URL: a directory on the shared filesystem or
+    ``s3://bucket/prefix`` (``storage_options`` as s3fs takes them: endpoint, keys)."""
+
+    def __init__(self, url: str, storage_options: dict[str, Any] | None = None):
+        self.fs, self.root = fsspec.core.url_to_fs(url, **(storage_options or {}))
+        self.url = url
+
+    def _dir(self, spec_name: str) -> str:
+        return posixpath.join(self.root, spec_name)
+
+    def load(self, spec_name: str, fingerprint: str) -> list[BenchmarkRecord]:
+        """Earlier records of this configuration, oldest first; unreadable files are skipped."""
+        directory = self._dir(spec_name)
+        if not self.fs.exists(directory):
+            return []
+        records = []
+        for path in sorted(self.fs.glob(posixpath.join(directory, "*.json"))):
+            try:
+                record = BenchmarkRecord(**json.loads(self.fs.cat_file(path)))
+            except (ValueError, TypeError):
+                continue  # a foreign or damaged file must not stop the nightly run
+            if record.fingerprint == fingerprint:
+                records.append(record)
+        return sorted(records, key=lambda r: r.started)
+
+    def append(self, record: BenchmarkRecord) -> str:
+        """Write the record; a reader never sees half of it (rename on a filesystem, one PUT on S3)."""
+        directory = self._dir(record.spec_name)
+        name = f"{record.started.replace(':', '')}-{record.flow_run_id}.json"
+        path = posixpath.join(directory, name)
+        data = json.dumps(asdict(record), indent=2, sort_keys=True).encode()
+        if isinstance(self.fs, LocalFileSystem):
+            self.fs.makedirs(directory, exist_ok=True)
+            tmp = posixpath.join(directory, f".{name}.tmp")
+            self.fs.pipe_file(tmp, data)
+            self.fs.mv(tmp, path)
+        else:
+            self.fs.pipe_file(path, data)
+        return path
+
+
+def comparison_rows(comparisons: list[Comparison]) -> list[dict[str, Any]]:
+    """The table artifact: this run against the baseline, regressions first."""
+    rows = []
+    for c in sorted(comparisons, key=lambda c: (not c.regressed, c.metric)):
+        rows.append({"metric": c.metric, "this run": round(c.value, 4),
+                     "baseline": None if c.baseline is None else round(c.baseline, 4),
+                     "change (worse +)": None if c.change is None else f"{c.change:+.1%}",
+                     "threshold": f"{c.rule.relative:.0%}" + (f" and {c.rule.absolute:g} {c.rule.unit}".rstrip()
+                                                                if c.rule.absolute else ""),
+                     "verdict": "REGRESSED" if c.regressed else ("no baseline" if c.baseline is None else "ok")})
+    return rows
+
+
+def trend_chart(records: list[BenchmarkRecord], metric: str = "tokens_per_s", last: int = 30) -> str:
+    """A mermaid line chart of ``metric`` over the last runs (failed runs included: a trend shows
+    them); "" when no run has the metric."""
+    runs = [(r, r.values().get(metric)) for r in records[-last:]]
+    runs = [(r, v) for r, v in runs if v is not None]
+    if not runs:
+        return ""
+    values = np.array([v for _, v in runs])
+    bottom, top, decimals = axis_range(values)
+    labels = ", ".join(f'"{mermaid_text(r.started[5:16].replace("T", " "))}"' for r, _ in runs)
+    unit = RULES[metric].unit if metric in RULES else ""
+    return "\n".join([
+        "xychart-beta",
+        f'    title "{mermaid_text(f"{records[-1].spec_name}: {metric} over the last {len(runs)} runs")}"',
+        f"    x-axis [{labels}]",
+        f'    y-axis "{mermaid_text(unit or metric)}" {axis_number(bottom, decimals)} --> {axis_number(top, decimals)}',
+        f"    line [{', '.join(axis_number(v, decimals) for v in values)}]",
+    ])

@@ -1,0 +1,355 @@
+"""Deployments end to end on the real local stack: the stack's Prefect server, a process worker
+started here, the Slurm cluster and the S3 server. Runs are triggered the way users trigger them,
+with `prefect deployment run`, and judged by what the server records: states, messages, artifacts,
+schedules, and what is left in `squeue`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from blocks.cluster import SlurmCluster
+from deployments import stack
+from deployments.demo import save_credentials_block, seed_corpus
+from pretrain.corpus import corpus_texts
+from pretrain.presets import list_presets
+from pretrain.toy_tokenizers import llama3_style
+from ui_screenshot import screenshot, xychart
+
+REPO = Path(__file__).resolve().parents[1]
+PREFECT = str(Path(sys.executable).with_name("prefect"))
+POOL = "pretrain"  # the work pool deployments/prefect.yaml names
+# Where the UI screenshots are kept for a person to look at (out/ is ignored by git).
+SCREENSHOTS = REPO / "out" / "test-screenshots"
+
+
+@pytest.fixture(scope="module")
+def server(local_stack, tmp_path_factory):
+    """The stack's Prefect server, made this process's API for the module (blocks, clients)."""
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    stack.up(components=("prefect",))
+    url = stack.environment()["PREFECT_API_URL"]
+    env = {**os.environ, "PREFECT_API_URL": url, "PREFECT_HOME": str(tmp_path_factory.mktemp("cli-home")),
+           "SLURM_CONF": local_stack["SLURM_CONF"]}
+    with temporary_settings(updates={PREFECT_API_URL: url}):
+        yield {"url": url, "env": env}
+
+
+def prefect_cli(server, *args: str, timeout: float = 120) -> str:
+    done = subprocess.run([PREFECT, *args], cwd=REPO, env=server["env"], capture_output=True, text=True,
+                          timeout=timeout)
+    assert done.returncode == 0, f"prefect {' '.join(args)}:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    return done.stdout
+
+
+@pytest.fixture(scope="module")
+def deployed(server):
+    """What the README tells a head node to run: the work pool, the block types, the deployments."""
+    prefect_cli(server, "work-pool", "create", POOL, "--type", "process", "--overwrite")
+    prefect_cli(server, "block", "register", "-m", "blocks")
+    prefect_cli(server, "--no-prompt", "deploy", "--all", "--prefect-file", "deployments/prefect.yaml")
+    return server
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory) -> Path:
+    """The worker's PRETRAIN_ROOT: every run of the module shares fetch, tokenize and compile cache."""
+    return tmp_path_factory.mktemp("root")
+
+
+@pytest.fixture(scope="module")
+def worker(deployed, root, tmp_path_factory):
+    """``prefect worker start --pool pretrain``, in its own session so that it and the flow-run
+    processes it starts are stopped together at the end."""
+    log = tmp_path_factory.mktemp("worker") / "worker.log"
+    env = {**deployed["env"], "PRETRAIN_ROOT": str(root), "PREFECT_WORKER_QUERY_SECONDS": "2",
+           "PREFECT_WORKER_PREFETCH_SECONDS": "2"}
+    with open(log, "w") as out:
+        proc = subprocess.Popen([PREFECT, "worker", "start", "--pool", POOL], cwd=REPO, env=env, stdout=out,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+    yield {"log": log, "pid": proc.pid, **deployed}
+    os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def tiny_local(worker, local_stack, tmp_path_factory) -> list[str]:
+    """The demo's corpus and credentials on the stack, and overrides for a short tiny-local run."""
+    seed_corpus(local_stack["PRETRAIN_S3_ENDPOINT"])
+    save_credentials_block(local_stack["PRETRAIN_S3_ENDPOINT"])
+    tokenizer = llama3_style(tmp_path_factory.mktemp("tokenizer"), corpus_texts())
+    return [f"tokenizer.path={tokenizer}", "training.train_steps=16", "training.checkpoint_interval=8",
+            "training.eval_interval=8", "training.eval_iters=2"]
+
+
+def run_deployment(worker, name: str, parameters: dict | None = None) -> str:
+    """``prefect deployment run NAME --params JSON``; the flow run's id."""
+    args = ["deployment", "run", name] + (["--params", json.dumps(parameters)] if parameters else [])
+    out = prefect_cli(worker, *args)
+    return re.search(r"UUID: ([0-9a-f-]{36})", out).group(1)
+
+
+def flow_run(run_id: str):
+    from prefect import get_client
+
+    with get_client(sync_client=True) as client:
+        return client.read_flow_run(run_id)
+
+
+def wait_for(run_id: str, worker, states: set[str] | None = None, timeout: float = 600):
+    """The flow run once its state is one of ``states`` (default: any final state)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        run = flow_run(run_id)
+        if (run.state.name in states) if states else run.state.is_final():
+            return run
+        if time.monotonic() > deadline:
+            pytest.fail(f"flow run {run_id} still {run.state.name} after {timeout:.0f} s; worker log:\n"
+                        + worker["log"].read_text()[-4000:])
+        time.sleep(1)
+
+
+def artifacts_of(run_id: str) -> dict:
+    from prefect import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId
+
+    with get_client(sync_client=True) as client:
+        found = client.read_artifacts(artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[run_id])))
+    return {a.key: a for a in found if a.key}
+
+
+def squeue(name: str) -> list[tuple[str, str]]:
+    """(job id, state) of this user's jobs called ``name``."""
+    out = subprocess.run(["squeue", "-h", "-n", name, "-o", "%i %T"], capture_output=True, text=True, timeout=60)
+    return [tuple(line.split()) for line in out.stdout.splitlines()]
+
+
+def running_job(name: str, timeout: float = 300) -> str:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        running = [job for job, state in squeue(name) if state == "RUNNING"]
+        if running:
+            return running[0]
+        time.sleep(0.5)
+    pytest.fail(f"no {name} job started in {timeout:.0f} s")
+
+
+def delete_block(slug: str, name: str) -> None:
+    from prefect import get_client
+    from prefect.exceptions import ObjectNotFound
+
+    with get_client(sync_client=True) as client:
+        try:
+            client.delete_block_document(client.read_block_document_by_name(name, slug).id)
+        except ObjectNotFound:
+            pass
+
+
+# ------------------------------------------------------------------------------ registration
+
+
+def test_deploy_registers_a_deployment_per_preset_with_a_form_and_the_nightly_schedule(deployed):
+    from prefect import get_client
+
+    with get_client(sync_client=True) as client:
+        for preset in list_presets():
+            deployment = client.read_deployment_by_name(f"pretrain/{preset}")
+            assert deployment.work_pool_name == POOL and deployment.parameters["preset"] == preset
+        form = deployment.parameter_openapi_schema["properties"]
+        assert {"preset", "overrides", "stages", "cluster_block", "dry_run"} <= set(form)
+        assert form["stages"]["anyOf"][0]["items"]["enum"] == ["fetch", "tokenize", "convert", "precompile", "train"]
+        assert form["dry_run"]["type"] == "boolean" and "rendered" in form["dry_run"]["description"]
+
+        nightly = client.read_deployment_by_name("nightly-benchmark/tiny-local")
+        [schedule] = nightly.schedules
+        assert (schedule.schedule.cron, schedule.schedule.timezone, schedule.active) == ("0 2 * * *", "Europe/Berlin", True)
+        assert schedule.parameters["preset"] == "tiny-local" and schedule.parameters["steps"] > 0
+        assert nightly.global_concurrency_limit.limit == 1
+        assert nightly.concurrency_options.collision_strategy.value == "CANCEL_NEW"
+        # the project's block types are in the UI's catalog
+        assert client.read_block_type_by_slug("slurm-cluster").name == "Slurm Cluster"
+        assert client.read_block_type_by_slug("pretrain-storage-location")
+    # deployments name blocks; no credential is written into the file
+    text = (REPO / "deployments" / "prefect.yaml").read_text().lower()
+    assert not any(word in text for word in ("secret_access_key", "password", "hf_", "token:"))
+
+
+# ------------------------------------------------------------------------------ dry run
+
+
+def test_llama3_70b_dry_run_publishes_every_rendered_file(worker):
+    delete_block("slurm-cluster", "trn1-cluster")
+    # Before the site has saved its cluster block, a dry run still previews everything.
+    run = wait_for(run_deployment(worker, "pretrain/llama3-70b", {"dry_run": True}), worker, timeout=180)
+    assert run.state.is_completed(), run.state.message
+    artifacts = artifacts_of(run.id)
+    config = artifacts["llama3-70b-render-nxdt-config"].data
+    assert "tensor_model_parallel_size: 32" in config and "pipeline_model_parallel_size: 8" in config
+    # the deployment is the runbook's continual pre-training: convert the HF weights, start from them
+    assert "resume_from_checkpoint: <convert-output>/" in config and "weight_init_only: true" in config
+    convert = artifacts["llama3-70b-render-convert"].data
+    assert ("hf-to-nxdt --input /fsx/Meta-Llama-3-70B --output '<convert-output>' --tp 32 --pp 8 --kv-multiplier 4 "
+            "--hw-backend trn1 --fuse-qkv --verify") in convert
+    assert "#SBATCH --nodes=16" in artifacts["llama3-70b-render-sbatch-train"].data
+    assert "no such block yet" in artifacts["llama3-70b-render-sbatch-train"].description
+    assert {"llama3-70b-render-precompile", "llama3-70b-render-torchrun", "llama3-70b-render-train-env"} <= set(artifacts)
+    assert not squeue("llama3-70b-train")  # nothing was submitted
+
+    # With the site's block saved, the sbatch script carries its settings.
+    SlurmCluster(partition="trn1", exclusive=True, setup=["source /fsx/aws_neuron_venv/bin/activate"]) \
+        .save("trn1-cluster", overwrite=True)
+    try:
+        run = wait_for(run_deployment(worker, "pretrain/llama3-70b", {"dry_run": True}), worker, timeout=180)
+        sbatch = artifacts_of(run.id)["llama3-70b-render-sbatch-train"].data
+        assert "#SBATCH --partition=trn1" in sbatch and "#SBATCH --exclusive" in sbatch
+        assert "source /fsx/aws_neuron_venv/bin/activate" in sbatch
+    finally:
+        delete_block("slurm-cluster", "trn1-cluster")
+
+
+# ------------------------------------------------------------------------------ a real run
+
+
+def test_tiny_local_run_publishes_every_artifact_and_the_ui_draws_the_loss_curve(worker, tiny_local):
+    run = wait_for(run_deployment(worker, "pretrain/tiny-local", {"overrides": tiny_local}), worker)
+    assert run.state.is_completed(), run.state.message
+    artifacts = artifacts_of(run.id)
+    for stage in ("fetch", "tokenize", "dataset", "precompile", "loss-curve", "loss-points", "progress",
+                  "run-summary"):
+        assert f"tiny-local-{stage}" in artifacts, f"no {stage} artifact; the run has {sorted(artifacts)}"
+    precompile = json.loads(artifacts["tiny-local-precompile"].data)
+    assert precompile and all(row["failed"] == 0 for row in precompile)
+    points = [p for p in json.loads(artifacts["tiny-local-loss-points"].data) if p["loss"] is not None]
+    assert [p["step"] for p in points] == list(range(1, 17))
+    assert "final train loss" in artifacts["tiny-local-run-summary"].data
+
+    # The artifact's page in the UI, as a browser draws it: the mermaid chart and the PNG.
+    curve = artifacts["tiny-local-loss-curve"]
+    png = SCREENSHOTS / "tiny-local-loss-curve.png"
+    dom = screenshot(f"{worker['url'].removesuffix('/api')}/v2/artifacts/artifact/{curve.id}", png)
+    chart = xychart(dom)
+    assert chart is not None and "tiny-local" in chart.title
+    assert chart.x_title == "step" and chart.y_title == "loss"
+    assert chart.lines and len(chart.lines[0].points) > 1
+    # the training loss falls over the run, and the drawn line falls with it (svg y grows downwards)
+    first, last = chart.lines[0].points[0], chart.lines[0].points[-1]
+    assert points[-1]["loss"] < points[0]["loss"] and last[1] > first[1]
+    assert 'src="data:image/png;base64,' in dom
+    assert png.stat().st_size > 10_000
+
+
+# ------------------------------------------------------------------------------ nightly benchmark
+
+
+def test_nightly_benchmark_passes_against_its_baseline_and_fails_naming_a_slowdown(worker, tiny_local, root):
+    """A slowed-down node (busy loops beside the trainer, as from a noisy neighbour) fails the
+    gate on throughput; an unchanged one passes. The block keeps its name, so the benchmark's
+    configuration, and hence its baseline, stays the same."""
+    SlurmCluster().save("bench-node", overwrite=True)
+    # Loose thresholds: a 2-core machine that also runs the test is noisy; the slowdown is ~4x.
+    parameters = {"steps": 12, "overrides": [*tiny_local, "cluster.block=bench-node"],
+                  "thresholds": {"tokens_per_s": 0.35, "step_time_ms": 0.35, "stage_s": 5.0}}
+    first = run_deployment(worker, "nightly-benchmark/tiny-local", parameters)
+    wait_for(first, worker, {"Running"}, timeout=120)
+    # The deployment's concurrency limit: a run that finds another one going is cancelled, not queued.
+    overlapping = wait_for(run_deployment(worker, "nightly-benchmark/tiny-local", parameters), worker, timeout=120)
+    assert overlapping.state.name == "Cancelled"
+    assert wait_for(first, worker).state.is_completed(), flow_run(first).state.message
+
+    second = wait_for(run_deployment(worker, "nightly-benchmark/tiny-local", parameters), worker)
+    assert second.state.is_completed(), second.state.message
+    table = {row["metric"]: row for row in json.loads(artifacts_of(second.id)["tiny-local-benchmark"].data)}
+    assert table["tokens_per_s"]["verdict"] == "ok" and table["tokens_per_s"]["baseline"] is not None
+
+    # Stopped with the batch script: the stack's Slurm (proctrack/linuxproc) loses track of them.
+    burners = "for i in 1 2 3 4 5 6; do ( while :; do :; done ) & done; trap 'kill $(jobs -p)' EXIT"
+    SlurmCluster(setup=[burners]).save("bench-node", overwrite=True)
+    try:
+        slow = wait_for(run_deployment(worker, "nightly-benchmark/tiny-local", parameters), worker)
+    finally:
+        delete_block("slurm-cluster", "bench-node")
+    assert slow.state.is_failed()
+    assert "regressed" in slow.state.message and "tokens_per_s" in slow.state.message, slow.state.message
+    artifacts = artifacts_of(slow.id)
+    verdicts = {row["metric"]: row["verdict"] for row in json.loads(artifacts["tiny-local-benchmark"].data)}
+    assert verdicts["tokens_per_s"] == "REGRESSED" and verdicts["final_loss"] == "ok"
+    trend = artifacts["tiny-local-benchmark-trend"].data
+    assert "xychart-beta" in trend and trend.count("| passed |") == 2 and "| regressed: " in trend
+
+    # The records outlive Prefect's database: one JSON file per run beside the outputs.
+    records = [json.loads(p.read_text()) for p in sorted((root / "benchmarks" / "tiny-local").glob("*.json"))]
+    assert [r["flow_run_id"] for r in records] == [first, str(second.id), str(slow.id)]
+    assert [r["passed"] for r in records] == [True, True, False]
+    assert "tokens_per_s" in records[-1]["regressions"]
+
+
+# ------------------------------------------------------------------------------ cancel and crash
+
+
+def test_cancelling_a_running_flow_cancels_its_slurm_job(worker, tiny_local):
+    run_id = run_deployment(worker, "pretrain/tiny-local",
+                            {"overrides": [*tiny_local, "training.train_steps=100000", "backend.native.compile=false"]})
+    job = running_job("tiny-local-train")
+    prefect_cli(worker, "flow-run", "cancel", run_id)
+    deadline = time.monotonic() + 30
+    while job in dict(squeue("tiny-local-train")) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert job not in dict(squeue("tiny-local-train")), "the Slurm job outlived its cancelled flow run by 30 s"
+    assert wait_for(run_id, worker, timeout=120).state.name == "Cancelled"
+
+
+def test_a_slurm_side_failure_is_the_flow_runs_state_message(worker, tiny_local):
+    run_id = run_deployment(worker, "pretrain/tiny-local",
+                            {"overrides": [*tiny_local, "training.train_steps=100000", "backend.native.compile=false",
+                                           "backend.native.max_restarts=0"]})
+    job = running_job("tiny-local-train")
+    subprocess.run(["scancel", job], check=True, timeout=60)
+    run = wait_for(run_id, worker, timeout=180)
+    assert run.state.is_failed()
+    assert "CANCELLED" in run.state.message and job in run.state.message, run.state.message
+
+
+def test_a_killed_flow_process_leaves_no_slurm_job(worker, tiny_local):
+    """SIGKILL runs no cleanup: the job cancels itself once its lease is no longer renewed."""
+    SlurmCluster(lease_timeout_s=10).save("short-lease", overwrite=True)
+    try:
+        run_id = run_deployment(worker, "pretrain/tiny-local",
+                                {"overrides": [*tiny_local, "training.train_steps=100000",
+                                               "backend.native.compile=false", "cluster.block=short-lease"]})
+        job = running_job("tiny-local-train")
+        os.kill(flow_run_process(run_id, worker["pid"]), signal.SIGKILL)
+        deadline = time.monotonic() + 60
+        while job in dict(squeue("tiny-local-train")) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert job not in dict(squeue("tiny-local-train"))
+        assert wait_for(run_id, worker, timeout=120).state.name == "Crashed"
+    finally:
+        delete_block("slurm-cluster", "short-lease")
+
+
+def flow_run_process(run_id: str, worker_pid: int) -> int:
+    """The pid of the process the worker started for ``run_id``: its child with the run's id in
+    its environment (the Slurm job's processes inherit that environment too, but not the parent)."""
+    marker = f"PREFECT__FLOW_RUN_ID={run_id}".encode()
+    for proc in Path("/proc").iterdir():
+        try:
+            if (proc.name.isdigit() and marker in (proc / "environ").read_bytes().split(b"\0")
+                    and int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1]) == worker_pid):
+                return int(proc.name)
+        except OSError:
+            continue
+    pytest.fail(f"no child of the worker has {marker.decode()}")
