@@ -1,6 +1,6 @@
 """Native trainer benchmarks, each a ratio measured in one run on this machine.
 
-    .venv/bin/python benchmarks/train_benchmark.py overhead [--steps 60]
+    .venv/bin/python benchmarks/train_benchmark.py overhead [--steps 60] [--repeats 3]
     .venv/bin/python benchmarks/train_benchmark.py tiny-local
 
 overhead: wall time per step of ``python -m trainer train`` (data loading from a Megatron
@@ -89,16 +89,23 @@ def trainer_run(work: Path, steps: int) -> float:
     return (times[steps] - times[WARMUP]) / (steps - WARMUP)
 
 
-def overhead(steps: int) -> None:
+def overhead(steps: int, repeats: int) -> None:
+    """Trainer and bare loop alternate, ``repeats`` times each, so that a slow spell of a noisy
+    machine hits both; the ratio is of the medians."""
     threads = torch.get_num_threads()
-    with tempfile.TemporaryDirectory() as tmp:
-        trainer_s = trainer_run(Path(tmp), steps)
-    bare_s = bare_loop(steps)
+    trainer_s, bare_s = [], []
+    for _ in range(repeats):
+        with tempfile.TemporaryDirectory() as tmp:
+            trainer_s.append(trainer_run(Path(tmp), steps))
+        bare_s.append(bare_loop(steps))
     print(f"model: Llama {MODEL['num_layers']} layers, hidden {MODEL['hidden_size']}, seq {SEQ}, "
-          f"global batch {GLOBAL} ({GLOBAL // MICRO} micro-batches), {threads} threads, {steps} steps")
-    print(f"bare forward/backward/AdamW loop: {bare_s * 1000:.1f} ms/step")
-    print(f"python -m trainer train:          {trainer_s * 1000:.1f} ms/step (data, metrics, async checkpoints)")
-    print(f"overhead ratio: {trainer_s / bare_s:.3f} (target <= 1.05)")
+          f"global batch {GLOBAL} ({GLOBAL // MICRO} micro-batches), {threads} threads, {steps} steps, "
+          f"{repeats} alternating runs each")
+    print(f"bare forward/backward/AdamW loop: {statistics.median(bare_s) * 1000:.1f} ms/step "
+          f"(runs: {', '.join(f'{s * 1000:.1f}' for s in bare_s)})")
+    print(f"python -m trainer train:          {statistics.median(trainer_s) * 1000:.1f} ms/step "
+          f"(runs: {', '.join(f'{s * 1000:.1f}' for s in trainer_s)}; data, metrics, async checkpoints)")
+    print(f"overhead ratio: {statistics.median(trainer_s) / statistics.median(bare_s):.3f} (target <= 1.05)")
 
 
 def tiny_local() -> None:
@@ -122,8 +129,9 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("which", choices=["overhead", "tiny-local"])
     parser.add_argument("--steps", type=int, default=60)
+    parser.add_argument("--repeats", type=int, default=3, help="overhead: alternating runs of each")
     args = parser.parse_args()
-    overhead(args.steps) if args.which == "overhead" else tiny_local()
+    overhead(args.steps, args.repeats) if args.which == "overhead" else tiny_local()
 
 
 if __name__ == "__main__":

@@ -1,12 +1,14 @@
 """The `pretrain` flow: the runbook from raw data to a trained model, one task per stage.
 
 1. fetch: every data source of the spec to a content-addressed directory on the shared disk.
-2. tokenize: the fetched JSONL to a Megatron indexed dataset, as a Slurm array and a merge.
+2. tokenize: the fetched JSONL to a Megatron indexed dataset, as a Slurm array and a merge (to
+   NxD's Arrow blocks for NxDT's Llama configs); a fetched dataset tokenized already is handed on.
 3. convert: for continual pre-training on Trainium, the HF checkpoint to NxDT's shards.
 4. precompile: fill the compile cache on the nodes training will use (torch.compile warm-up on
    the native backend, neuron_parallel_compile on the neuron backend).
-5. train (native backend): torchrun on N nodes, resumed from its newest checkpoint after any
-   failure; the loss curve and the run summary are published as artifacts.
+5. train: torchrun on N nodes (the native trainer, NxDT's training orchestrator or Megatron-LM's
+   pretrain_gpt.py), resumed from its newest checkpoint after any failure; the loss curve and
+   the run summary are published as artifacts.
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ from tasks.render import publish_rendered
 from tasks.tokenize import tokenize
 from tasks.train import train
 from tasks.train_artifacts import publish_run_summary
+from tasks.train_megatron import train_megatron
+from tasks.train_nxdt import train_nxdt
 
 Stage = Literal["fetch", "tokenize", "convert", "precompile", "train"]
 STAGES: tuple[str, ...] = get_args(Stage)
@@ -61,11 +65,13 @@ def run_stages(spec: PretrainSpec, stages: list[str] | None = None) -> tuple[dic
     outputs["tokenize"] = dataset
     if spec.backend.kind == "neuron":
         checkpoint = None
-        if spec.model.init_from and selected & {"convert", "precompile"}:
+        if spec.model.init_from and selected & {"convert", "precompile", "train"}:
             checkpoint = stage("convert", convert, spec, reuse_only="convert" not in selected)
             outputs["convert"] = checkpoint
         if "precompile" in selected:
             outputs["precompile"] = stage("precompile", precompile_neuron, spec, dataset, checkpoint)
+        if "train" in selected:
+            outputs["train"] = stage("train", train_nxdt, spec, dataset, checkpoint, outputs.get("precompile"))
     elif spec.backend.kind == "native":
         nodes = None
         if spec.backend.native.compile and "precompile" in selected:
@@ -73,6 +79,8 @@ def run_stages(spec: PretrainSpec, stages: list[str] | None = None) -> tuple[dic
             nodes = outputs["precompile"]["nodes"]
         if "train" in selected:
             outputs["train"] = stage("train", train, spec, dataset, data_dir, nodelist=nodes)
+    elif spec.backend.kind == "megatron-lm" and "train" in selected:
+        outputs["train"] = stage("train", train_megatron, spec, dataset)
     return outputs, stage.seconds
 
 

@@ -191,7 +191,16 @@ class TrainingSpec(Strict):
         return self
 
 
-class NeuronSpec(Strict):
+class Restarts(Strict):
+    """How the train stage treats a job that dies, for every backend."""
+
+    max_restarts: int = Field(3, ge=0, description="Resubmissions of the training job after it dies "
+                              "(cancel, time limit, node failure, crash, hang); each resumes from the newest checkpoint.")
+    hang_timeout_min: float = Field(10.0, gt=0, description="Cancel and resubmit a run whose metrics have "
+                                    "not advanced for this long.")
+
+
+class NeuronSpec(Restarts):
     """NxD Training settings; defaults are the values of NxDT's hf_llama3_70B_config.yaml
     (reference/nxdt.md §3.3)."""
 
@@ -225,6 +234,8 @@ class NeuronSpec(Strict):
     async_checkpointing: bool = False
     checkpoint_filename: str | None = Field(None, description="exp_manager checkpoint filename template.")
     hf_config: str | None = Field(None, description="HF config.json path on the cluster (NxDT model.model_config).")
+    hang_timeout_min: float = Field(60.0, gt=0, description="Cancel and resubmit a run whose progress has not "
+                                    "advanced for this long (a 70B step takes minutes, loading the graphs more).")
 
     @model_validator(mode="after")
     def _lnc(self) -> NeuronSpec:
@@ -237,12 +248,14 @@ class NeuronSpec(Strict):
         return self
 
 
-class MegatronLMSpec(Strict):
+class MegatronLMSpec(Restarts):
+    hang_timeout_min: float = Field(30.0, gt=0, description="Cancel and resubmit a run whose iteration lines "
+                                    "have not advanced for this long (the first run builds the dataset's index first).")
     container_image: str | None = Field(None, description="pyxis/enroot image with Megatron-LM.")
     container_mounts: list[str] = Field(default_factory=list, description="'SRC:DST' mounts.")
 
 
-class NativeSpec(Strict):
+class NativeSpec(Restarts):
     """The project's own trainer (``python -m trainer train``): CPU, CUDA, or Trainium through
     TorchNeuron (device ``neuron``)."""
 
@@ -255,10 +268,6 @@ class NativeSpec(Strict):
     async_checkpoint: bool = Field(True, description="Write checkpoints in the background.")
     checkpoint_keep: int = Field(3, gt=0, description="Complete checkpoints kept.")
     max_nan_steps_in_a_row: int = Field(10, gt=0, description="Non-finite steps in a row that abort the run.")
-    max_restarts: int = Field(3, ge=0, description="Resubmissions of the training job after it dies "
-                              "(cancel, time limit, node failure, crash, hang); each resumes from the newest checkpoint.")
-    hang_timeout_min: float = Field(10.0, gt=0, description="Cancel and resubmit a run whose metrics have "
-                                    "not advanced for this long.")
     stop_signal_delay_s: int = Field(90, ge=0, description="Ask Slurm for USR2 this long before the time "
                                      "limit, so the trainer checkpoints and exits in time.")
     export_hf: bool = Field(True, description="Export the final model as HF safetensors + config.json.")

@@ -60,7 +60,7 @@ class PrecompileFailed(RuntimeError):
 
 # ---------------------------------------------------------------- shell text
 
-def _node_path(path: str) -> str:
+def node_path(path: str) -> str:
     """``~`` is the home directory on the compute node, not where the script was rendered."""
     return "$HOME" + path[1:] if path == "~" or path.startswith("~/") else path
 
@@ -89,21 +89,23 @@ def compile_environment(spec: PretrainSpec, retry_failed: bool) -> dict[str, str
     must export: NxDT takes yaml ``compiler_cache_url`` only when the variable is unset, and the
     yaml holds the shared root, not the per-node directory."""
     env = precompile_environment(spec, per_node_cache(spec), retry_failed)
-    return {name: _node_path(value) for name, value in env.items()}
+    return {name: node_path(value) for name, value in env.items()}
 
 
-def precompile_script(spec: PretrainSpec, config_dir: str, attempt_dir: str, retry_failed: bool) -> str:
-    """What each node of the job runs (NODE_RANK, NNODES and MASTER_ADDR come from the job layer)."""
-    examples = _node_path(spec.backend.neuron.examples_dir)
+def node_script(spec: PretrainSpec, what: str, env: dict[str, str], config_dir: str, work_dir: str,
+                command: list[str], log: str) -> str:
+    """What each node of an NxDT job runs, as train.sh does (NODE_RANK, NNODES and MASTER_ADDR
+    come from the job layer): ``command`` in ``<work_dir>/node-<rank>``, its output in ``log`` there."""
+    examples = node_path(spec.backend.neuron.examples_dir)
     lines = [
         "#!/usr/bin/env bash",
-        "# neuron_parallel_compile around the training launch on this node (NxDT train.sh with COMPILE=1)",
+        f"# {what}",
         "set -eo pipefail",
         "# train_setup.sh raises the open-file limit for a node's ranks; a lower hard limit set by the site stays",
         'ulimit -n 65535 2>/dev/null || ulimit -n "$(ulimit -Hn)"',
-        *(f"export {name}={shell_word(value)}" for name, value in compile_environment(spec, retry_failed).items()),
+        *(f"export {name}={shell_word(value)}" for name, value in env.items()),
         "# a directory per node: neuron_parallel_compile writes its results JSON into the working directory",
-        f"node_dir={shell_word(attempt_dir + '/node-$NODE_RANK')}",
+        f"node_dir={shell_word(work_dir + '/node-$NODE_RANK')}",
         'mkdir -p "$node_dir"',
         "# Slurm's name for this node, the one --nodelist takes when training is pinned to these nodes",
         f'echo "${{SLURMD_NODENAME:-$(hostname)}}" > "$node_dir/{HOST_FILE}"',
@@ -112,9 +114,15 @@ def precompile_script(spec: PretrainSpec, config_dir: str, attempt_dir: str, ret
         f'ln -sfn {shell_word(examples + "/training_orchestrator.py")} "$node_dir/training_orchestrator.py"',
         f'ln -sfn {shell_word(config_dir)} "$node_dir/conf"',
         'cd "$node_dir"',
-        f"{shell_line(precompile_command(spec, CONFIG_NAME))} 2>&1 | tee {NPC_LOG}",
+        f"{shell_line(command)} 2>&1 | tee -a {log}",
     ]
     return "\n".join(lines) + "\n"
+
+
+def precompile_script(spec: PretrainSpec, config_dir: str, attempt_dir: str, retry_failed: bool) -> str:
+    return node_script(spec, "neuron_parallel_compile around the training launch on this node (NxDT train.sh "
+                       "with COMPILE=1)", compile_environment(spec, retry_failed), config_dir, attempt_dir,
+                       precompile_command(spec, CONFIG_NAME), NPC_LOG)
 
 
 def precompile_request(spec: PretrainSpec, script: Path) -> JobRequest:

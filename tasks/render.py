@@ -18,6 +18,8 @@ from pretrain.spec import PretrainSpec
 from tasks.artifacts import artifact_key
 from tasks.precompile import CONFIG_NAME, precompile_script, shell_line
 from tasks.slurm import JobRequest, MissingClusterBlock, job_folder, load_cluster_block, slurm_parameters
+from tasks.tokenize import arrow_output
+from tasks.train_nxdt import train_script
 from trainer.launch import megatron_lm, native, nxdt
 from trainer.launch.convert_command import convert_command
 
@@ -46,9 +48,11 @@ def render_files(spec: PretrainSpec, cluster: SlurmCluster | None = None) -> dic
     tok = spec.tokenizer
     tokenizer_flags = (["--vocab-file", tok.vocab_file, "--merge-file", tok.merges_file] if tok.type == "gpt2-bpe"
                        else ["--tokenizer-model", tok.path])
+    shards = (["--format", "nxd-arrow", "--seq-length", str(spec.model.seq_length)] if arrow_output(spec)
+              else ["--shard", "$SHARD/$SHARDS"])
     files["tokenize.sh"] = _shell(["python", "-m", "trainer", "tokenize", "--input", FETCHED, "--output-prefix",
                                    f"{DATASET}/data", "--tokenizer-type", tok.type, *tokenizer_flags,
-                                   *(["--append-eod"] if tok.append_eod else []), "--shard", "$SHARD/$SHARDS"])
+                                   *(["--append-eod"] if tok.append_eod else []), *shards])
     if spec.backend.kind == "neuron":
         init = CONVERTED if spec.model.init_from else None
         if spec.model.init_from:
@@ -59,6 +63,7 @@ def render_files(spec: PretrainSpec, cluster: SlurmCluster | None = None) -> dic
         files["torchrun.sh"] = _shell(nxdt.torchrun_command(spec, CONFIG_NAME))
         files["precompile.sh"] = precompile_script(spec, f"{PRECOMPILE_DIR}/conf", f"{PRECOMPILE_DIR}/attempt",
                                                    retry_failed=False)
+        files["train.sh"] = train_script(spec, Path(TRAIN_RUN), cache_url=None)
     elif spec.backend.kind == "native":
         # the tokenizer's end-of-document id is looked up when the run is submitted
         config = native.train_config(spec, dataset=f"{DATASET}/data_text_document", run_dir=TRAIN_RUN, eod_id=0)

@@ -1,5 +1,8 @@
 """tokenize: the fetched JSONL to Megatron indexed datasets, as a Slurm job array over byte-range
-shards followed by a merge job.
+shards followed by a merge job; for NxDT's Llama configs (backend neuron, family llama), to the
+HF Arrow blocks NxD's get_dataset.py writes, in one job (its grouping is not shardable). Sources
+that already are a tokenized dataset (a saved HF Arrow dataset, or one Megatron .bin/.idx pair,
+as both Trainium runbooks download them) are handed on untouched.
 
 The output key is built from the fetched input's manifest key, the tokenizer files' sha256,
 the options that change the bytes and the code version. Each finished shard leaves its JSON
@@ -74,28 +77,57 @@ def jsonl_inputs(data_dir: Path) -> list[Path]:
     return files
 
 
+def pretokenized(data_dir: Path) -> str | None:
+    """The fetched dataset when it is tokenized already: a directory ``save_to_disk`` wrote (NxD's
+    get_dataset.py output, what the Llama NxDT configs read), or the prefix of the one Megatron
+    .bin/.idx pair beside no JSONL; None when there is text to tokenize."""
+    if (data_dir / "state.json").exists() and (data_dir / "dataset_info.json").exists():
+        return str(data_dir)
+    if any(".jsonl" in p.name for p in data_dir.rglob("*")):
+        return None
+    pairs = sorted(p.with_suffix("") for p in data_dir.rglob("*.idx") if p.with_suffix(".bin").exists())
+    if len(pairs) > 1:
+        raise TokenizeFailed(f"{data_dir}: {len(pairs)} Megatron datasets ({', '.join(p.name for p in pairs)}); "
+                             "the pipeline trains on one: give one .bin/.idx pair per spec")
+    return str(pairs[0]) if pairs else None
+
+
+def arrow_output(spec: PretrainSpec) -> bool:
+    """NxDT's Llama configs (``model_source: hf``) read HF Arrow blocks of the sequence length."""
+    return spec.backend.kind == "neuron" and spec.model.family == "llama"
+
+
 def shard_count(spec: PretrainSpec, input_bytes: int) -> int:
     return spec.data.tokenize_shards or max(1, min(MAX_SHARDS, math.ceil(input_bytes / SHARD_BYTES)))
 
 
 @task(name="tokenize", retries=2, retry_delay_seconds=10, retry_condition_fn=retryable)
 def tokenize(spec: PretrainSpec, data_dir: str, reuse_only: bool = False) -> str:
-    """Tokenize the fetched corpus; return the dataset prefix (``.../data_text_document``).
+    """Tokenize the fetched corpus; return the dataset: a Megatron prefix (``.../data_text_document``)
+    or, for NxDT's Llama configs, an Arrow directory (``.../data_text``).
     ``reuse_only``: return an existing complete dataset, never submit (the stage was left out)."""
     logger = get_run_logger()
     data = Path(data_dir)
+    if (dataset := pretokenized(data)) is not None:
+        logger.info("tokenize: the fetched data is a tokenized dataset already; handing on %s", dataset)
+        create_markdown_artifact(f"**Dataset** (fetched, tokenized already): `{dataset}`",
+                                 key=artifact_key(spec.name, "dataset"), description="tokenized dataset")
+        return dataset
     inputs = jsonl_inputs(data)
     tok_files = tokenizer_files(spec, data)
     fetched = json.loads((data / manifest.MANIFEST).read_text())
+    arrow = arrow_output(spec)
     options = {"type": spec.tokenizer.type, "json_keys": spec.data.json_keys,
-               "append_eod": spec.tokenizer.append_eod}
+               "append_eod": spec.tokenizer.append_eod,
+               **({"format": "nxd-arrow", "seq_length": spec.model.seq_length} if arrow else {})}
     key = manifest.stable_hash({
         "format": TOKENIZE_FORMAT, "input": fetched["key"], "files": [p.relative_to(data).as_posix() for p in inputs],
         "tokenizer": {flag: _fingerprint(p) for flag, p in tok_files.items()}, "options": options,
         "code": manifest.code_version(),
     })
     final = manifest.output_dir(spec.paths.root, "tokenize", key)
-    prefixes = [f"{final / DATA_PREFIX}_{k}_document" for k in spec.data.json_keys]
+    prefixes = [f"{final / DATA_PREFIX}_{k}" if arrow else f"{final / DATA_PREFIX}_{k}_document"
+                for k in spec.data.json_keys]
     if (cached := manifest.load_valid(final, key)) is not None:
         logger.info("tokenize: %s is complete (manifest valid); nothing submitted", final)
         _publish(spec, cached, prefixes, cached=True)
@@ -104,7 +136,7 @@ def tokenize(spec: PretrainSpec, data_dir: str, reuse_only: bool = False) -> str
         raise manifest.MissingOutput("tokenize", final)
 
     input_bytes = sum(p.stat().st_size for p in inputs)
-    shards = shard_count(spec, input_bytes)
+    shards = 1 if arrow else shard_count(spec, input_bytes)
     cluster = cluster_for(spec)
     folder = job_folder(spec, cluster)
     with manifest.staged_output(final) as staging:
@@ -115,11 +147,14 @@ def tokenize(spec: PretrainSpec, data_dir: str, reuse_only: bool = False) -> str
                 *[str(x) for pair in tok_files.items() for x in pair]]
         if spec.tokenizer.append_eod:
             base.append("--append-eod")
+        if arrow:  # one job straight into the staging directory: nothing to merge
+            base += ["--format", "nxd-arrow", "--seq-length", str(spec.model.seq_length)]
         todo = [i for i in range(shards) if not (parts / f"shard-{i}.json").exists()]
         logger.info("tokenize: %.1f MB in %d files as %d shards (%d to run)", input_bytes / 1e6,
                     len(inputs), shards, len(todo))
         requests = [JobRequest(f"tokenize-{i}-of-{shards}", Command(
-            [*base, "--output-prefix", str(parts / f"shard-{i}"), "--shard", f"{i}/{shards}",
+            [*base, "--output-prefix", str(staging / DATA_PREFIX if arrow else parts / f"shard-{i}"),
+             "--shard", f"{i}/{shards}",
              "--record", str(parts / f"shard-{i}.json")]),
             time_limit_min=spec.cluster.time_limit_min, cpus_per_task=spec.cluster.cpus_per_task,
             mem_gb=spec.cluster.mem_gb) for i in todo]
@@ -129,10 +164,11 @@ def tokenize(spec: PretrainSpec, data_dir: str, reuse_only: bool = False) -> str
                 raise TokenizeFailed(f"{len(failed)} of {len(requests)} tokenize shards failed; the others "
                                      "are kept and a retry reruns only these:\n\n" + "\n\n".join(map(str, failed)))
         records = [json.loads((parts / f"shard-{i}.json").read_text()) for i in range(shards)]
-        run_job(JobRequest("tokenize-merge", Command(
-            [sys.executable, "-m", "trainer", "tokenize", "merge", "--output-prefix", str(staging / DATA_PREFIX),
-             *[str(parts / f"shard-{i}") for i in range(shards)], "--json-keys", *spec.data.json_keys]),
-            time_limit_min=spec.cluster.time_limit_min), cluster, folder)
+        if not arrow:
+            run_job(JobRequest("tokenize-merge", Command(
+                [sys.executable, "-m", "trainer", "tokenize", "merge", "--output-prefix", str(staging / DATA_PREFIX),
+                 *[str(parts / f"shard-{i}") for i in range(shards)], "--json-keys", *spec.data.json_keys]),
+                time_limit_min=spec.cluster.time_limit_min), cluster, folder)
         shutil.rmtree(parts)
         done = manifest.write_manifest(
             staging, "tokenize", key, options=options, input_bytes=input_bytes, dtype=records[0]["dtype"],

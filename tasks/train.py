@@ -13,13 +13,15 @@ import json
 import os
 import sys
 import time
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from prefect import task
 from prefect.logging import get_run_logger
 from prefect.runtime import flow_run
 
+from blocks.cluster import SlurmCluster
 from pretrain import manifest
 from pretrain.command import Command
 from pretrain.log_parsers import MetricsStream, parse_log
@@ -94,8 +96,10 @@ class MetricsFollower:
             return
         self.offset += len(data)
         text = self.partial + data.decode(errors="replace")
-        complete, _, self.partial = text.rpartition("\n")
-        parse_log(complete, self.stream)
+        # A progress bar (NxDT's) ends its updates with a carriage return, not a newline.
+        end = max(text.rfind("\n"), text.rfind("\r")) + 1
+        parse_log(text[:end], self.stream)
+        self.partial = text[end:]
 
     def restart(self) -> None:
         """A new attempt: its start-up (and resume) is not a hang."""
@@ -119,6 +123,60 @@ class MetricsFollower:
                           "cancelled as hung")
 
 
+@dataclass
+class Attempts:
+    """What the attempts of one training run submitted, and the nodes left out after a node failure."""
+
+    history: list[dict[str, Any]] = field(default_factory=list)
+    excluded: set[str] = field(default_factory=set)
+
+    def failure(self) -> TrainingFailed:
+        return TrainingFailed(f"training did not finish after {len(self.history)} attempt(s): "
+                              + "; ".join(a["outcome"] for a in self.history))
+
+
+def run_attempts(spec: PretrainSpec, cluster: SlurmCluster, follower: MetricsFollower, max_restarts: int,
+                 prepare: Callable[[int], JobRequest], finished: Callable[[str], bool]) -> Attempts:
+    """Submit the training job, follow its metrics, and resubmit it when it dies, up to
+    ``max_restarts`` times. ``prepare(attempt)`` readies the run directory and returns the request
+    (the job layer adds the excluded nodes); ``finished(outcome)`` says whether the run is done,
+    ``outcome`` being "completed" when the job ended well. Every backend's train task uses this
+    loop; each resumes from its own newest checkpoint."""
+    logger = get_run_logger()
+    attempts = Attempts()
+    for attempt in range(max_restarts + 1):
+        if attempts.excluded and cluster.nodelist:
+            cluster = cluster.model_copy(
+                update={"nodelist": [h for h in cluster.nodelist if h not in attempts.excluded]})
+        request = replace(prepare(attempt), exclude=tuple(sorted(attempts.excluded)))
+        follower.restart()
+        started = time.monotonic()
+        submitted: list[Any] = []
+        try:
+            # The job's log appears when the job starts: time spent waiting in the queue is no hang.
+            run_job(request, cluster, job_folder(spec, cluster), on_submit=submitted.append,
+                    on_poll=lambda: follower.poll(started=submitted[0].paths.stdout.exists()))
+            outcome = "completed"
+        except SlurmJobFailed as failure:
+            attempts.excluded |= excluded_after(failure)
+            outcome = f"{failure.state}: {str(failure).splitlines()[0]}"
+        except RunHung as hung:
+            outcome = f"hung: {hung}"
+        follower.read()
+        job_id = submitted[0].job_id if submitted else None
+        sacct = query_slurm_state(job_id) if job_id and executor_kind(cluster) == "slurm" else None
+        attempts.history.append({"attempt": attempt + 1, "job": job_id,
+                                 "nodes": sacct.nodes if sacct else "", "outcome": outcome,
+                                 "seconds": round(time.monotonic() - started, 1),
+                                 "step": max(follower.stream.points, default=0)})
+        if finished(outcome):
+            break
+        logger.warning("train attempt %d ended without finishing (%s); %s", attempt + 1, outcome,
+                       "resubmitting; the run resumes from its newest checkpoint" if attempt < max_restarts
+                       else "no restarts left")
+    return attempts
+
+
 @task(name="train", retries=1, retry_delay_seconds=10, retry_condition_fn=retryable)
 def train(spec: PretrainSpec, dataset: str, data_dir: str, nodelist: list[str] | None = None) -> dict[str, Any]:
     """Train until the configured step; returns the trainer's final record with the job history."""
@@ -135,53 +193,28 @@ def train(spec: PretrainSpec, dataset: str, data_dir: str, nodelist: list[str] |
     command = Command(native.torchrun_command(spec, str(config_path), str(record_path), python=sys.executable),
                       env=native.environment(spec))
     follower = MetricsFollower(spec, directory / "metrics.jsonl", config["steps"], n.hang_timeout_min * 60)
-    excluded: set[str] = set()
-    attempts: list[dict[str, Any]] = []
-    record: dict[str, Any] | None = None
-    for attempt in range(n.max_restarts + 1):
+
+    def prepare(attempt: int) -> JobRequest:
         for stale in [record_path, *directory.glob(f"{record_path.name}.compile-*.json")]:
             stale.unlink(missing_ok=True)
-        if excluded and cluster.nodelist:
-            cluster = cluster.model_copy(update={"nodelist": [h for h in cluster.nodelist if h not in excluded]})
-        request = JobRequest(f"{spec.name}-train", command, time_limit_min=spec.cluster.time_limit_min,
-                             nodes=spec.cluster.nodes, cpus_per_task=spec.cluster.cpus_per_task,
-                             mem_gb=spec.cluster.mem_gb, exclude=tuple(sorted(excluded)),
-                             signal_delay_s=n.stop_signal_delay_s)
-        follower.restart()
-        started = time.monotonic()
-        submitted: list[Any] = []
-        try:
-            # The job's log appears when the job starts: time spent waiting in the queue is no hang.
-            run_job(request, cluster, job_folder(spec, cluster), on_submit=submitted.append,
-                    on_poll=lambda: follower.poll(started=submitted[0].paths.stdout.exists()))
-            outcome = "completed"
-        except SlurmJobFailed as failure:
-            excluded |= excluded_after(failure)
-            outcome = f"{failure.state}: {str(failure).splitlines()[0]}"
-        except RunHung as hung:
-            outcome = f"hung: {hung}"
-        follower.read()
-        record = json.loads(record_path.read_text()) if record_path.exists() else None
-        job_id = submitted[0].job_id if submitted else None
-        sacct = query_slurm_state(job_id) if job_id and executor_kind(cluster) == "slurm" else None
-        attempts.append({"attempt": attempt + 1, "job": job_id,
-                         "nodes": sacct.nodes if sacct else "", "outcome": outcome,
-                         "seconds": round(time.monotonic() - started, 1),
-                         "step": max(follower.stream.points, default=0)})
-        if record is not None and record.get("status") == "finished":
-            break
-        logger.warning("train attempt %d ended without finishing (%s); %s", attempt + 1, outcome,
-                       "resubmitting; the run resumes from its newest checkpoint" if attempt < n.max_restarts
-                       else "no restarts left")
+        return JobRequest(f"{spec.name}-train", command, time_limit_min=spec.cluster.time_limit_min,
+                          nodes=spec.cluster.nodes, cpus_per_task=spec.cluster.cpus_per_task,
+                          mem_gb=spec.cluster.mem_gb, signal_delay_s=n.stop_signal_delay_s)
+
+    def record() -> dict[str, Any] | None:
+        return json.loads(record_path.read_text()) if record_path.exists() else None
+
+    attempts = run_attempts(spec, cluster, follower, n.max_restarts, prepare,
+                            finished=lambda outcome: (record() or {}).get("status") == "finished")
     compiled = native_compile_rows(record_path) if n.compile else []
     if any(row["compiled"] for row in compiled):
         logger.warning("training compiled graphs the precompile stage did not cover: %s", compiled)
     points = follower.stream.as_list()
     if points:
         publish_loss_curve(spec.name, points)
-    if record is None or record.get("status") != "finished":
-        raise TrainingFailed(f"training did not finish after {len(attempts)} attempt(s): "
-                             + "; ".join(a["outcome"] for a in attempts))
-    return {**record, "run_dir": str(directory), "attempts": attempts, "excluded_nodes": sorted(excluded),
-            "metrics": metrics_summary(points), "skipped_log_lines": follower.stream.skipped,
-            "compiled_during_training": compiled}
+    final = record()
+    if final is None or final.get("status") != "finished":
+        raise attempts.failure()
+    return {**final, "run_dir": str(directory), "attempts": attempts.history,
+            "excluded_nodes": sorted(attempts.excluded), "metrics": metrics_summary(points),
+            "skipped_log_lines": follower.stream.skipped, "compiled_during_training": compiled}

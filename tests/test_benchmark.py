@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import uuid
 
 import pytest
 
@@ -94,8 +95,9 @@ def test_history_round_trip_keeps_only_the_same_configuration(where, tmp_path, s
     if where == "file":
         history = History(str(tmp_path / "benchmarks"))
     else:
-        s3.create_bucket(Bucket="bench-history")
-        history = History("s3://bench-history/nightly", {"key": "test", "secret": "test",
+        bucket = f"bench-history-{uuid.uuid4().hex[:8]}"  # the stack's S3 server outlives a test run
+        s3.create_bucket(Bucket=bucket)
+        history = History(f"s3://{bucket}/nightly", {"key": "test", "secret": "test",
                                                          "client_kwargs": {"endpoint_url": s3_endpoint,
                                                                            "region_name": "us-east-1"}})
     assert history.load("tiny-local", "f" * 16) == []

@@ -275,8 +275,10 @@ def test_nightly_benchmark_passes_against_its_baseline_and_fails_naming_a_slowdo
     table = {row["metric"]: row for row in json.loads(artifacts_of(second.id)["tiny-local-benchmark"].data)}
     assert table["tokens_per_s"]["verdict"] == "ok" and table["tokens_per_s"]["baseline"] is not None
 
-    # Stopped with the batch script: the stack's Slurm (proctrack/linuxproc) loses track of them.
-    burners = "for i in 1 2 3 4 5 6; do ( while :; do :; done ) & done; trap 'kill $(jobs -p)' EXIT"
+    # Each busy loop in a session of its own: Linux's autogroup scheduling shares the CPU between
+    # sessions, so loops sharing the batch script's session would weigh as one process. Stopped
+    # with the batch script: the stack's Slurm (proctrack/linuxproc) loses track of them.
+    burners = "for i in 1 2 3 4 5 6; do setsid bash -c 'while :; do :; done' & done; trap 'kill $(jobs -p)' EXIT"
     SlurmCluster(setup=[burners]).save("bench-node", overwrite=True)
     try:
         slow = wait_for(run_deployment(worker, "nightly-benchmark/tiny-local", parameters), worker)

@@ -65,7 +65,7 @@ def test_one_compile_per_node_around_the_training_launch():
     training = shell_line(torchrun_command(spec, CONFIG_NAME))
     # The training's own line, as `pretrain render` shows it, wrapped and capped at NxDT's compile steps.
     assert training == render_files(spec)["torchrun.sh"].strip()
-    assert launch == f"neuron_parallel_compile {training} trainer.max_steps=10 2>&1 | tee npc.log"
+    assert launch == f"neuron_parallel_compile {training} trainer.max_steps=10 2>&1 | tee -a npc.log"
     assert "export COMPILE=1" in lines(script)  # NxDT's orchestrator also forces 10 steps, no checkpoints
     assert "export NEURON_PARALLEL_COMPILE_DUMP_RESULTS=1" in lines(script)
     assert 'node_dir="/fsx/pc/attempt-1/node-$NODE_RANK"' in lines(script)

@@ -18,7 +18,7 @@ def test_render_writes_config_conversion_and_sbatch(tmp_path):
                            "--out", str(out)], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     assert sorted(p.name for p in out.iterdir()) == ["convert.sh", "nxdt_config.yaml", "precompile.sh",
-                                                     "sbatch_train.sh", "spec.yaml", "tokenize.sh", "torchrun.sh",
+                                                     "sbatch_train.sh", "spec.yaml", "tokenize.sh", "torchrun.sh", "train.sh",
                                                      "train_env.sh"]
     config = yaml.safe_load((out / "nxdt_config.yaml").read_text())
     convert = (out / "convert.sh").read_text()
@@ -30,6 +30,13 @@ def test_render_writes_config_conversion_and_sbatch(tmp_path):
     precompile = (out / "precompile.sh").read_text()
     assert f"neuron_parallel_compile {(out / 'torchrun.sh').read_text().strip()} trainer.max_steps=10" in precompile
     assert 'export NEURON_COMPILE_CACHE_URL="/workspace/neuron_cache/node-$NODE_RANK"' in precompile
+    # Training runs the same line with the same per-node cache, its checkpoints in the run directory.
+    train = (out / "train.sh").read_text()
+    assert 'export NEURON_COMPILE_CACHE_URL="/workspace/neuron_cache/node-$NODE_RANK"' in train
+    launch = (out / "torchrun.sh").read_text().strip().removesuffix(" exp_manager.explicit_log_dir=null")
+    assert f"{launch} 'exp_manager.explicit_log_dir=<train-run>/exp' 2>&1 | tee -a train.log" in train
+    # NxDT's Llama configs read Arrow blocks of the sequence length: one unsharded job writes them.
+    assert "--format nxd-arrow --seq-length 8192" in (out / "tokenize.sh").read_text()
     sbatch = (out / "sbatch_train.sh").read_text()
     assert "#SBATCH --nodes=8" in sbatch and "#SBATCH --time=4320" in sbatch
     assert not (tmp_path / "jobs").exists() or not any((tmp_path / "jobs").iterdir())

@@ -14,6 +14,7 @@ from pretrain.corpus import corpus_texts
 from pretrain.presets import load_spec
 from pretrain.toy_tokenizers import llama3_style
 from tasks.tokenize import TokenizeFailed, tokenize
+from trainer.tokenizer import load_tokenizer
 
 
 @flow
@@ -70,3 +71,52 @@ def test_missing_tokenizer_is_named_before_anything_is_submitted(tmp_path):
     with pytest.raises(TokenizeFailed, match=f"tokenizer file {tmp_path / 'nope'} not found"):
         state.result()
     assert not (tmp_path / "jobs").exists()
+
+
+@pytest.mark.parametrize("layout", ["megatron", "arrow"])
+def test_a_fetched_dataset_that_is_tokenized_already_is_handed_on(layout, tmp_path):
+    """The Trainium runbooks download tokenized data: Megatron .bin/.idx (GPT) or the Arrow blocks
+    of NxD's get_dataset.py (Llama). Nothing is submitted for them."""
+    import numpy as np
+    from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
+
+    from trainer.nxd_arrow import NxdArrowWriter
+
+    data = manifest.output_dir(tmp_path, "fetch", "k" * 64)
+    data.mkdir(parents=True)
+    documents = [np.arange(1, 40 + i, dtype=np.int32) for i in range(5)]
+    if layout == "megatron":
+        builder = IndexedDatasetBuilder(str(data / "my-gpt2_text_document.bin"), dtype=np.uint16)
+        for document in documents:
+            builder.add_document(document, [len(document)])
+        builder.finalize(str(data / "my-gpt2_text_document.idx"))
+        expected = str(data / "my-gpt2_text_document")
+    else:
+        writer = NxdArrowWriter(tmp_path / "arrow", seq_length=16)
+        writer.add_documents(np.concatenate(documents), np.array([len(d) for d in documents]))
+        writer.finalize()
+        for path in (tmp_path / "arrow").iterdir():  # as fetch lays out a local directory source
+            path.rename(data / path.name)
+        expected = str(data)
+    spec = load_spec("megatron-gpt-6.7b" if layout == "megatron" else "llama3-70b", [f"paths.root={tmp_path}"])
+    assert tokenize_once(spec, str(data)) == expected
+    assert not (tmp_path / "tokenize").exists() and not (tmp_path / "jobs").exists()
+
+
+def test_nxdt_llama_specs_get_nxd_arrow_blocks_of_their_sequence_length(local_stack, tmp_path):
+    import datasets
+
+    texts = corpus_texts()[:300]
+    data = fetched_corpus(tmp_path, [json.dumps({"text": t}) + "\n" for t in texts])
+    tokenizer = llama3_style(tmp_path / "tok", corpus_texts())
+    spec = load_spec("llama3-70b", [f"paths.root={tmp_path}", f"tokenizer.path={tokenizer}", "model.seq_length=64",
+                                    "cluster.executor=slurm", "cluster.time_limit_min=10"])
+    out = tokenize_once(spec, str(data))
+    assert out.endswith("/data_text") and Path(out).parent.parent == tmp_path / "tokenize"
+    blocks = datasets.load_from_disk(out)
+    assert blocks.column_names == ["input_ids", "attention_mask", "labels"]
+    assert len(blocks) > 10 and {len(row) for row in blocks["input_ids"]} == {64}
+    bos = load_tokenizer("hf", model=str(tokenizer))._hf.token_to_id("<|begin_of_text|>")
+    assert blocks[0]["input_ids"][0] == bos  # every document starts with <|begin_of_text|>, as get_dataset.py's
+    meta = json.loads((Path(out).parent / "MANIFEST.json").read_text())
+    assert meta["documents"] == len(texts) and meta["options"]["format"] == "nxd-arrow"

@@ -132,14 +132,15 @@ def train_environment() -> dict[str, str]:
             "NEMO_EXPM_VERSION": "$SLURM_JOB_ID", "EXPLICIT_LOGDIR": "null"}
 
 
-def torchrun_command(spec: PretrainSpec, config_name: str) -> list[str]:
+def torchrun_command(spec: PretrainSpec, config_name: str, log_dir: str | None = None) -> list[str]:
     """train.sh's per-node line; $NNODES, $NODE_RANK and $MASTER_ADDR are filled in on each node
-    from the Slurm environment."""
+    from the Slurm environment. ``log_dir``: exp_manager's explicit_log_dir, where checkpoints go
+    (train.sh leaves it null: a directory per Slurm job under the working directory)."""
     devices = spec.cluster.devices_per_node
     return ["torchrun", "--nproc_per_node", str(devices), "--nnodes", "$NNODES", "--node_rank", "$NODE_RANK",
             "--master_addr", "$MASTER_ADDR", "--master_port", str(MASTER_PORT), "training_orchestrator.py",
             "--config-path=conf", f"--config-name={config_name}", f"trainer.devices={devices}",
-            "trainer.num_nodes=$NNODES", "exp_manager.explicit_log_dir=null"]
+            "trainer.num_nodes=$NNODES", f"exp_manager.explicit_log_dir={log_dir or 'null'}"]
 
 
 PRECOMPILE_STEPS = 10  # NxDT forces max_steps=10 under COMPILE=1; enough to trace every graph

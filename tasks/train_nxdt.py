@@ -1,0 +1,132 @@
+"""train (neuron backend): NxD Training's ``training_orchestrator.py`` under torchrun on every
+node, with the conf YAML and the compile cache of the precompile stage (reference/nxdt.md §3.2).
+
+Each node runs train.sh's line, the one precompile ran inside ``neuron_parallel_compile``, in
+``<run>/node-<rank>/`` and logs to ``train.log`` there; node 0's log (NxDT's Lightning progress
+bar) is the metrics stream for the loss curve. Checkpoints go to ``<run>/exp/checkpoints/``
+(``exp_manager.explicit_log_dir`` on the shared filesystem: one directory for every node and
+every attempt). A resubmitted job resumes from the newest complete checkpoint, the one with its
+``done`` marker: the conf is rendered again with ``resume_from_checkpoint`` pointing at it and
+``weight_init_only`` off, as otherwise the converted weights the first attempt started from
+would be loaded again.
+
+Nothing here runs on this machine's CPU: the task is built on NxDT's documented launch,
+checkpoint layout and log lines, and tested by rendering and parsing.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import yaml
+from prefect import task
+from prefect.logging import get_run_logger
+
+from pretrain.command import Command
+from pretrain.loss_curve import metrics_summary
+from pretrain.neuron_compile import training_compiles
+from pretrain.spec import PretrainSpec
+from tasks.artifacts import retryable
+from tasks.precompile import CONFIG_NAME, compile_environment, node_name, node_path, node_script
+from tasks.slurm import JobRequest, cluster_for
+from tasks.train import MetricsFollower, run_attempts, run_dir
+from tasks.train_artifacts import publish_loss_curve
+from trainer.launch import nxdt
+
+TRAIN_LOG = "train.log"
+_STEP = re.compile(r"step=(\d+)")
+
+
+def newest_checkpoint(checkpoints: Path) -> Path | None:
+    """The complete checkpoint of the highest step under ``checkpoints``: NxD writes ``done``
+    into a checkpoint's directory only when every rank has saved (reference/nxdt.md §1.4)."""
+    complete = [d for d in checkpoints.glob("*") if (d / "done").is_file()] if checkpoints.is_dir() else []
+
+    def order(path: Path) -> tuple[int, float]:
+        step = _STEP.search(path.name)
+        return (int(step.group(1)) if step else -1, path.stat().st_mtime)
+
+    return max(complete, key=order, default=None)
+
+
+def train_config(spec: PretrainSpec, dataset: str, init_checkpoint: str | None, resume: Path | None) -> dict:
+    """The conf precompile compiled for; resuming, from the run's own checkpoint. NxDT splits the
+    path into directory and tag and reads consumed_samples from the tag, so no trailing slash."""
+    config = nxdt.nxdt_config(spec, dataset, init_checkpoint)
+    if resume is not None:
+        config["exp_manager"]["resume_from_checkpoint"] = str(resume)
+        if "weight_init_only" in config["model"]:
+            config["model"]["weight_init_only"] = False  # the optimizer state comes back too
+    return config
+
+
+def train_environment(spec: PretrainSpec, cache_url: str | None) -> dict[str, str]:
+    """What train.sh exports, and the compile cache precompile filled: the same per-node
+    directory it used, or NxDT would compile every graph again."""
+    cache = cache_url or compile_environment(spec, retry_failed=False)["NEURON_COMPILE_CACHE_URL"]
+    return {**nxdt.train_environment(), "NEURON_COMPILE_CACHE_URL": node_path(cache)}
+
+
+def train_script(spec: PretrainSpec, run: Path, cache_url: str | None) -> str:
+    return node_script(spec, "NxDT training on this node (train.sh)", train_environment(spec, cache_url),
+                       str(run / "conf"), str(run), nxdt.torchrun_command(spec, CONFIG_NAME, str(run / "exp")),
+                       TRAIN_LOG)
+
+
+def compile_rows(run: Path, nodes: int) -> list[dict]:
+    """Per node: graphs training still compiled (0 when precompile covered them) and graphs it
+    loaded from the cache, from each node's log."""
+    rows = []
+    for rank in range(nodes):
+        node_dir = run / f"node-{rank}"
+        log = node_dir / TRAIN_LOG
+        counts = training_compiles(log.read_text(errors="replace")) if log.exists() else {}
+        rows.append({"node": node_name(node_dir), "compiled": counts.get("compiled", 0),
+                     "from cache": counts.get("from_cache", 0)})
+    return rows
+
+
+@task(name="train", retries=1, retry_delay_seconds=10, retry_condition_fn=retryable)
+def train_nxdt(spec: PretrainSpec, dataset: str, checkpoint: str | None = None,
+               precompiled: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Train with NxDT until ``training.train_steps``; ``checkpoint`` the converted weights to
+    start from, ``precompiled`` the precompile stage's result (its nodes and compile cache)."""
+    logger = get_run_logger()
+    n = spec.backend.neuron
+    run = run_dir(spec, f"{dataset}|{checkpoint}")
+    (run / "conf").mkdir(parents=True, exist_ok=True)
+    cluster = cluster_for(spec)
+    if precompiled and precompiled.get("nodes"):
+        cluster = cluster.model_copy(update={"nodelist": precompiled["nodes"]})
+    script = run / "train.sh"
+    script.write_text(train_script(spec, run, precompiled and precompiled.get("compile_cache_url")))
+    follower = MetricsFollower(spec, run / "node-0" / TRAIN_LOG, spec.training.train_steps or 0,
+                               n.hang_timeout_min * 60)
+
+    def prepare(attempt: int) -> JobRequest:
+        resume = newest_checkpoint(run / "exp" / "checkpoints")
+        if resume is not None:
+            logger.info("train attempt %d resumes from %s", attempt + 1, resume)
+        config = train_config(spec, dataset, checkpoint, resume)
+        (run / "conf" / f"{CONFIG_NAME}.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+        c = spec.cluster
+        return JobRequest(f"{spec.name}-train", Command(["bash", str(script)]), time_limit_min=c.time_limit_min,
+                          nodes=c.nodes, tasks_per_node=1, cpus_per_task=c.cpus_per_task, mem_gb=c.mem_gb)
+
+    attempts = run_attempts(spec, cluster, follower, n.max_restarts, prepare,
+                            finished=lambda outcome: outcome == "completed")
+    compiled = compile_rows(run, spec.cluster.nodes)
+    if any(row["compiled"] for row in compiled):
+        logger.warning("training compiled graphs the precompile stage did not cover: %s", compiled)
+    points = follower.stream.as_list()
+    if points:
+        publish_loss_curve(spec.name, points)
+    if attempts.history[-1]["outcome"] != "completed":
+        raise attempts.failure()
+    final = newest_checkpoint(run / "exp" / "checkpoints")
+    return {"status": "finished", "step": max(follower.stream.points, default=0), "run_dir": str(run),
+            "checkpoint": str(final) if final else None, "attempts": attempts.history,
+            "excluded_nodes": sorted(attempts.excluded), "metrics": metrics_summary(points),
+            "skipped_log_lines": follower.stream.skipped, "compiled_during_training": compiled}
