@@ -91,7 +91,10 @@ class Trainer:
         self.grad_accumulation = cfg.global_batch_size // (cfg.micro_batch_size * dp_size)
 
         self.model = models.build(cfg.model, cfg.seed)
-        parallelize(self.model, mesh, cfg, self.device)
+        self.sharded = parallelize(self.model, mesh, cfg, self.device)
+        # Unsharded, autocast gives the compute dtype that FSDP's mixed precision gives sharded.
+        dtype = devices.compute_dtype(self.device, cfg.precision)
+        self.autocast = torch.autocast(self.device.type, dtype=dtype, enabled=not self.sharded and dtype != torch.float32)
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = build_optimizer(self.model, cfg.optim)
         self.scheduler = build_scheduler(self.optimizer, cfg.optim, cfg.steps)
@@ -138,7 +141,8 @@ class Trainer:
     # ------------------------------------------------------------------ steps
 
     def _loss(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-        logits = self.model(input_ids=batch["tokens"].to(self.device), use_cache=False).logits
+        with self.autocast:
+            logits = self.model(input_ids=batch["tokens"].to(self.device), use_cache=False).logits
         losses = F.cross_entropy(logits.float().flatten(0, 1), batch["labels"].to(self.device).flatten(),
                                  reduction="none")
         mask = batch["loss_mask"].to(self.device).flatten()
@@ -148,7 +152,8 @@ class Trainer:
         total = torch.zeros((), device=self.device)
         for micro in range(self.grad_accumulation):
             # Gradients are reduced across data-parallel ranks once, after the last micro-batch.
-            self.model.set_requires_gradient_sync(micro == self.grad_accumulation - 1)
+            if self.sharded:
+                self.model.set_requires_gradient_sync(micro == self.grad_accumulation - 1)
             loss = self._loss(self.loader.next_batch()) / self.grad_accumulation
             loss.backward()
             total += loss.detach()
