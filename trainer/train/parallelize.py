@@ -88,17 +88,19 @@ def grad_norm(parameters: list[torch.nn.Parameter]) -> torch.Tensor:
     shards, weighted down by how many ranks hold the same values, and one all-reduce adds them.
     """
     world = dist.get_world_size()
-    local = torch.zeros((), dtype=torch.float32, device=next(iter(parameters)).device)
+    grads, copies = [], []
     for p in parameters:
         if p.grad is None:
             continue
-        grad = p.grad
-        copies = world
+        grad, held_by = p.grad, world
         if isinstance(grad, DTensor):
             sharded = math.prod(grad.device_mesh.size(i) for i, pl in enumerate(grad.placements) if isinstance(pl, Shard))
-            copies = world // sharded
-            grad = grad.to_local()
-        local += grad.float().pow(2).sum() / copies
+            grad, held_by = grad.to_local(), world // sharded
+        grads.append(grad)
+        copies.append(held_by)
+    device = next(iter(parameters)).device
+    norms = torch.stack(torch._foreach_norm(grads, 2, dtype=torch.float32)) if grads else torch.zeros(0, device=device)
+    local = (norms.pow(2) / torch.tensor(copies, dtype=torch.float32, device=device)).sum()
     dist.all_reduce(local)
     return local.sqrt()
 
@@ -107,8 +109,7 @@ def clip_gradients(parameters: list[torch.nn.Parameter], max_norm: float) -> tor
     """Scale gradients so their global norm is at most ``max_norm`` (0: report only)."""
     norm = grad_norm(parameters)
     if max_norm > 0 and torch.isfinite(norm):
-        scale = min(max_norm / (float(norm) + 1e-6), 1.0)
-        for p in parameters:
-            if p.grad is not None:
-                p.grad.mul_(scale)
+        scale = max_norm / (float(norm) + 1e-6)
+        if scale < 1.0:  # a norm within the limit leaves the gradients as they are
+            torch._foreach_mul_([p.grad for p in parameters if p.grad is not None], scale)
     return norm
