@@ -60,7 +60,7 @@ class PrecompileFailed(RuntimeError):
 
 # ---------------------------------------------------------------- shell text
 
-def node_path(path: str) -> str:
+def _node_path(path: str) -> str:
     """``~`` is the home directory on the compute node, not where the script was rendered."""
     return "$HOME" + path[1:] if path == "~" or path.startswith("~/") else path
 
@@ -89,14 +89,14 @@ def compile_environment(spec: PretrainSpec, retry_failed: bool) -> dict[str, str
     must export: NxDT takes yaml ``compiler_cache_url`` only when the variable is unset, and the
     yaml holds the shared root, not the per-node directory."""
     env = precompile_environment(spec, per_node_cache(spec), retry_failed)
-    return {name: node_path(value) for name, value in env.items()}
+    return {name: _node_path(value) for name, value in env.items()}
 
 
 def node_script(spec: PretrainSpec, what: str, env: dict[str, str], config_dir: str, work_dir: str,
                 command: list[str], log: str) -> str:
     """What each node of an NxDT job runs, as train.sh does (NODE_RANK, NNODES and MASTER_ADDR
     come from the job layer): ``command`` in ``<work_dir>/node-<rank>``, its output in ``log`` there."""
-    examples = node_path(spec.backend.neuron.examples_dir)
+    examples = _node_path(spec.backend.neuron.examples_dir)
     lines = [
         "#!/usr/bin/env bash",
         f"# {what}",
@@ -104,7 +104,8 @@ def node_script(spec: PretrainSpec, what: str, env: dict[str, str], config_dir: 
         "# train_setup.sh raises the open-file limit for a node's ranks; a lower hard limit set by the site stays",
         'ulimit -n 65535 2>/dev/null || ulimit -n "$(ulimit -Hn)"',
         *(f"export {name}={shell_word(value)}" for name, value in env.items()),
-        "# a directory per node: neuron_parallel_compile writes its results JSON into the working directory",
+        "# a directory per node for its log (neuron_parallel_compile also writes its results JSON to the working",
+        "# directory)",
         f"node_dir={shell_word(work_dir + '/node-$NODE_RANK')}",
         'mkdir -p "$node_dir"',
         "# Slurm's name for this node, the one --nodelist takes when training is pinned to these nodes",

@@ -19,6 +19,7 @@ from tasks.artifacts import artifact_key
 from tasks.precompile import CONFIG_NAME, precompile_script, shell_line
 from tasks.slurm import JobRequest, MissingClusterBlock, job_folder, load_cluster_block, slurm_parameters
 from tasks.tokenize import arrow_output
+from tasks.train_megatron import in_container
 from tasks.train_nxdt import train_script
 from trainer.launch import megatron_lm, native, nxdt
 from trainer.launch.convert_command import convert_command
@@ -73,10 +74,7 @@ def render_files(spec: PretrainSpec, cluster: SlurmCluster | None = None) -> dic
                                                               f"{TRAIN_RUN}/record.json"))
     elif spec.backend.kind == "megatron-lm":
         files["torchrun.sh"] = _shell(megatron_lm.torchrun_command(spec, f"{DATASET}/data_text_document", CHECKPOINTS))
-        settings = spec.backend.megatron_lm
-        if settings and settings.container_image:
-            cluster = cluster.model_copy(update={"container_image": settings.container_image,
-                                                 "container_mounts": settings.container_mounts})
+        cluster = in_container(cluster, spec)
     files["sbatch_train.sh"] = _sbatch(spec, f"{spec.name}-train", cluster)
     return files
 

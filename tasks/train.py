@@ -135,13 +135,22 @@ class Attempts:
                               + "; ".join(a["outcome"] for a in self.history))
 
 
+COMPLETED = "completed"  # the outcome of an attempt whose job ended well
+
+
+def job_completed(outcome: str) -> bool:
+    """A run is finished when its job ended well (NxDT, Megatron-LM: they exit 0 at the last step)."""
+    return outcome == COMPLETED
+
+
 def run_attempts(spec: PretrainSpec, cluster: SlurmCluster, follower: MetricsFollower, max_restarts: int,
-                 prepare: Callable[[int], JobRequest], finished: Callable[[str], bool]) -> Attempts:
+                 prepare: Callable[[int], JobRequest],
+                 finished: Callable[[str], bool] = job_completed) -> Attempts:
     """Submit the training job, follow its metrics, and resubmit it when it dies, up to
     ``max_restarts`` times. ``prepare(attempt)`` readies the run directory and returns the request
     (the job layer adds the excluded nodes); ``finished(outcome)`` says whether the run is done,
-    ``outcome`` being "completed" when the job ended well. Every backend's train task uses this
-    loop; each resumes from its own newest checkpoint."""
+    ``outcome`` being :data:`COMPLETED` when the job ended well. Every backend's train task uses
+    this loop; each resumes from its own newest checkpoint."""
     logger = get_run_logger()
     attempts = Attempts()
     for attempt in range(max_restarts + 1):
@@ -156,7 +165,7 @@ def run_attempts(spec: PretrainSpec, cluster: SlurmCluster, follower: MetricsFol
             # The job's log appears when the job starts: time spent waiting in the queue is no hang.
             run_job(request, cluster, job_folder(spec, cluster), on_submit=submitted.append,
                     on_poll=lambda: follower.poll(started=submitted[0].paths.stdout.exists()))
-            outcome = "completed"
+            outcome = COMPLETED
         except SlurmJobFailed as failure:
             attempts.excluded |= excluded_after(failure)
             outcome = f"{failure.state}: {str(failure).splitlines()[0]}"
@@ -177,10 +186,26 @@ def run_attempts(spec: PretrainSpec, cluster: SlurmCluster, follower: MetricsFol
     return attempts
 
 
+def finish_run(spec: PretrainSpec, follower: MetricsFollower, attempts: Attempts, finished: bool,
+               compiled: list[dict], **result: Any) -> dict[str, Any]:
+    """The end of every backend's train stage: the final loss curve; a failure naming every
+    attempt's outcome, or ``result`` with the job history, the metrics summary and the graphs
+    training still compiled."""
+    if any(row["compiled"] for row in compiled):
+        get_run_logger().warning("training compiled graphs the precompile stage did not cover: %s", compiled)
+    points = follower.stream.as_list()
+    if points:
+        publish_loss_curve(spec.name, points)
+    if not finished:
+        raise attempts.failure()
+    return {**result, "attempts": attempts.history, "excluded_nodes": sorted(attempts.excluded),
+            "metrics": metrics_summary(points), "skipped_log_lines": follower.stream.skipped,
+            "compiled_during_training": compiled}
+
+
 @task(name="train", retries=1, retry_delay_seconds=10, retry_condition_fn=retryable)
 def train(spec: PretrainSpec, dataset: str, data_dir: str, nodelist: list[str] | None = None) -> dict[str, Any]:
     """Train until the configured step; returns the trainer's final record with the job history."""
-    logger = get_run_logger()
     n = spec.backend.native
     directory = run_dir(spec, dataset)
     directory.mkdir(parents=True, exist_ok=True)
@@ -206,15 +231,6 @@ def train(spec: PretrainSpec, dataset: str, data_dir: str, nodelist: list[str] |
 
     attempts = run_attempts(spec, cluster, follower, n.max_restarts, prepare,
                             finished=lambda outcome: (record() or {}).get("status") == "finished")
-    compiled = native_compile_rows(record_path) if n.compile else []
-    if any(row["compiled"] for row in compiled):
-        logger.warning("training compiled graphs the precompile stage did not cover: %s", compiled)
-    points = follower.stream.as_list()
-    if points:
-        publish_loss_curve(spec.name, points)
-    final = record()
-    if final is None or final.get("status") != "finished":
-        raise attempts.failure()
-    return {**final, "run_dir": str(directory), "attempts": attempts.history,
-            "excluded_nodes": sorted(attempts.excluded), "metrics": metrics_summary(points),
-            "skipped_log_lines": follower.stream.skipped, "compiled_during_training": compiled}
+    final = record() or {}
+    return finish_run(spec, follower, attempts, final.get("status") == "finished",
+                      native_compile_rows(record_path) if n.compile else [], **final, run_dir=str(directory))

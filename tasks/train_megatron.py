@@ -19,14 +19,13 @@ from typing import Any
 
 from prefect import task
 
+from blocks.cluster import SlurmCluster
 from pretrain.command import Command
-from pretrain.loss_curve import metrics_summary
 from pretrain.spec import MegatronLMSpec, PretrainSpec
 from tasks.artifacts import retryable
 from tasks.precompile import shell_line
 from tasks.slurm import JobRequest, cluster_for
-from tasks.train import MetricsFollower, run_attempts, run_dir
-from tasks.train_artifacts import publish_loss_curve
+from tasks.train import MetricsFollower, finish_run, job_completed, run_attempts, run_dir
 from trainer.launch import megatron_lm
 
 
@@ -37,30 +36,29 @@ def node_command(spec: PretrainSpec, dataset: str, run: Path) -> Command:
     return Command(["bash", "-c", f"set -o pipefail; {line} 2>&1 | tee -a {shlex.quote(str(run))}/node-$NODE_RANK.log"])
 
 
+def in_container(cluster: SlurmCluster, spec: PretrainSpec) -> SlurmCluster:
+    """``cluster`` running its srun steps in the spec's pyxis image, when the spec names one."""
+    settings = spec.backend.megatron_lm
+    if settings is None or not settings.container_image:
+        return cluster
+    return cluster.model_copy(update={"container_image": settings.container_image,
+                                      "container_mounts": settings.container_mounts})
+
+
 @task(name="train", retries=1, retry_delay_seconds=10, retry_condition_fn=retryable)
 def train_megatron(spec: PretrainSpec, dataset: str) -> dict[str, Any]:
     """Train with Megatron-LM until ``training.train_steps`` (or ``train_samples``)."""
     settings = spec.backend.megatron_lm or MegatronLMSpec()
     run = run_dir(spec, dataset)
     run.mkdir(parents=True, exist_ok=True)
-    cluster = cluster_for(spec)
-    if settings.container_image:
-        cluster = cluster.model_copy(update={"container_image": settings.container_image,
-                                             "container_mounts": settings.container_mounts})
+    cluster = in_container(cluster_for(spec), spec)
     command = node_command(spec, dataset, run)
     follower = MetricsFollower(spec, run / f"node-{spec.cluster.nodes - 1}.log", spec.training.train_steps or 0,
                                settings.hang_timeout_min * 60)
     c = spec.cluster
     request = JobRequest(f"{spec.name}-train", command, time_limit_min=c.time_limit_min, nodes=c.nodes,
                          tasks_per_node=1, cpus_per_task=c.cpus_per_task, mem_gb=c.mem_gb)
-    attempts = run_attempts(spec, cluster, follower, settings.max_restarts, prepare=lambda attempt: request,
-                            finished=lambda outcome: outcome == "completed")
-    points = follower.stream.as_list()
-    if points:
-        publish_loss_curve(spec.name, points)
-    if attempts.history[-1]["outcome"] != "completed":
-        raise attempts.failure()
-    return {"status": "finished", "step": max(follower.stream.points, default=0), "run_dir": str(run),
-            "checkpoint": str(run / "checkpoints"), "attempts": attempts.history,
-            "excluded_nodes": sorted(attempts.excluded), "metrics": metrics_summary(points),
-            "skipped_log_lines": follower.stream.skipped, "compiled_during_training": []}
+    attempts = run_attempts(spec, cluster, follower, settings.max_restarts, prepare=lambda attempt: request)
+    return finish_run(spec, follower, attempts, job_completed(attempts.history[-1]["outcome"]), [],
+                      status="finished", step=max(follower.stream.points, default=0), run_dir=str(run),
+                      checkpoint=str(run / "checkpoints"))

@@ -25,14 +25,12 @@ from prefect import task
 from prefect.logging import get_run_logger
 
 from pretrain.command import Command
-from pretrain.loss_curve import metrics_summary
 from pretrain.neuron_compile import training_compiles
 from pretrain.spec import PretrainSpec
 from tasks.artifacts import retryable
-from tasks.precompile import CONFIG_NAME, compile_environment, node_name, node_path, node_script
+from tasks.precompile import CONFIG_NAME, compile_environment, node_name, node_script
 from tasks.slurm import JobRequest, cluster_for
-from tasks.train import MetricsFollower, run_attempts, run_dir
-from tasks.train_artifacts import publish_loss_curve
+from tasks.train import MetricsFollower, finish_run, job_completed, run_attempts, run_dir
 from trainer.launch import nxdt
 
 TRAIN_LOG = "train.log"
@@ -66,7 +64,7 @@ def train_environment(spec: PretrainSpec, cache_url: str | None) -> dict[str, st
     """What train.sh exports, and the compile cache precompile filled: the same per-node
     directory it used, or NxDT would compile every graph again."""
     cache = cache_url or compile_environment(spec, retry_failed=False)["NEURON_COMPILE_CACHE_URL"]
-    return {**nxdt.train_environment(), "NEURON_COMPILE_CACHE_URL": node_path(cache)}
+    return {**nxdt.train_environment(), "NEURON_COMPILE_CACHE_URL": cache}
 
 
 def train_script(spec: PretrainSpec, run: Path, cache_url: str | None) -> str:
@@ -115,18 +113,9 @@ def train_nxdt(spec: PretrainSpec, dataset: str, checkpoint: str | None = None,
         return JobRequest(f"{spec.name}-train", Command(["bash", str(script)]), time_limit_min=c.time_limit_min,
                           nodes=c.nodes, tasks_per_node=1, cpus_per_task=c.cpus_per_task, mem_gb=c.mem_gb)
 
-    attempts = run_attempts(spec, cluster, follower, n.max_restarts, prepare,
-                            finished=lambda outcome: outcome == "completed")
-    compiled = compile_rows(run, spec.cluster.nodes)
-    if any(row["compiled"] for row in compiled):
-        logger.warning("training compiled graphs the precompile stage did not cover: %s", compiled)
-    points = follower.stream.as_list()
-    if points:
-        publish_loss_curve(spec.name, points)
-    if attempts.history[-1]["outcome"] != "completed":
-        raise attempts.failure()
+    attempts = run_attempts(spec, cluster, follower, n.max_restarts, prepare)
     final = newest_checkpoint(run / "exp" / "checkpoints")
-    return {"status": "finished", "step": max(follower.stream.points, default=0), "run_dir": str(run),
-            "checkpoint": str(final) if final else None, "attempts": attempts.history,
-            "excluded_nodes": sorted(attempts.excluded), "metrics": metrics_summary(points),
-            "skipped_log_lines": follower.stream.skipped, "compiled_during_training": compiled}
+    return finish_run(spec, follower, attempts, job_completed(attempts.history[-1]["outcome"]),
+                      compile_rows(run, spec.cluster.nodes), status="finished",
+                      step=max(follower.stream.points, default=0), run_dir=str(run),
+                      checkpoint=str(final) if final else None)

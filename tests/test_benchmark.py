@@ -6,7 +6,9 @@ import json
 import uuid
 
 import pytest
+from prefect_aws import AwsClientParameters, AwsCredentials
 
+from blocks.storage import StorageLocation
 from pretrain.benchmark import (BenchmarkRecord, History, baseline, check_thresholds, compare, comparison_rows,
                                 config_fingerprint, record_from_run, trend_chart)
 
@@ -97,9 +99,11 @@ def test_history_round_trip_keeps_only_the_same_configuration(where, tmp_path, s
     else:
         bucket = f"bench-history-{uuid.uuid4().hex[:8]}"  # the stack's S3 server outlives a test run
         s3.create_bucket(Bucket=bucket)
-        history = History(f"s3://{bucket}/nightly", {"key": "test", "secret": "test",
-                                                         "client_kwargs": {"endpoint_url": s3_endpoint,
-                                                                           "region_name": "us-east-1"}})
+        # as the nightly flow builds it: from a StorageLocation block and its credentials block
+        location = StorageLocation(url=f"s3://{bucket}/nightly", aws_credentials=AwsCredentials(
+            aws_access_key_id="test", aws_secret_access_key="test", region_name="us-east-1",
+            aws_client_parameters=AwsClientParameters(endpoint_url=s3_endpoint)))
+        history = History(location.url, location.storage_options())
     assert history.load("tiny-local", "f" * 16) == []
     first = a_record(100, 50, passed=True, started="2026-11-01T02:00:00Z")
     second = a_record(90, 55, passed=False, started="2026-11-02T02:00:00Z")
