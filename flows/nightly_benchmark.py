@@ -8,14 +8,17 @@ only into Prefect's database; the run ends Failed naming every metric that regre
 from __future__ import annotations
 
 from dataclasses import asdict
+from typing import Any
 
 from prefect import flow
+from prefect.states import Cancelled
 from prefect.runtime import flow_run
 
 from flows.pretrain import run_stages
 from pretrain.benchmark import check_thresholds, record_from_run
 from pretrain.presets import load_spec
 from tasks.benchmark import judge
+from tasks.slurm import FlowRunCancelled
 
 
 class BenchmarkRegression(RuntimeError):
@@ -25,7 +28,7 @@ class BenchmarkRegression(RuntimeError):
 @flow(name="nightly-benchmark", log_prints=True)
 def nightly_benchmark(preset: str = "tiny-local", overrides: list[str] | None = None, steps: int = 50,
                       window: int = 5, thresholds: dict[str, float] | None = None,
-                      history: str | None = None) -> dict:
+                      history: str | None = None) -> Any:
     """Benchmark a preset and fail on a regression.
 
     Args:
@@ -43,7 +46,10 @@ def nightly_benchmark(preset: str = "tiny-local", overrides: list[str] | None = 
     if spec.backend.kind != "native":
         raise ValueError(f"preset {preset!r} uses the {spec.backend.kind} backend; the nightly benchmark trains "
                          "with the native backend (the one the pipeline runs end to end)")
-    outputs, seconds = run_stages(spec)
+    try:
+        outputs, seconds = run_stages(spec)
+    except FlowRunCancelled as cancelled:
+        return Cancelled(message=str(cancelled))
     record = record_from_run(spec.model_dump(mode="json"), str(flow_run.get_id()), outputs["train"], seconds,
                              outputs.get("precompile"))
     comparisons = judge(record, history, spec.paths.root, window, thresholds)

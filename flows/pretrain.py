@@ -17,6 +17,7 @@ import time
 from typing import Any, Callable, Literal, get_args
 
 from prefect import flow
+from prefect.states import Cancelled
 
 from pretrain import manifest
 from pretrain.loss_curve import RunSummary, package_versions
@@ -26,6 +27,7 @@ from tasks.convert import convert
 from tasks.fetch import fetch
 from tasks.precompile import precompile_native, precompile_neuron
 from tasks.render import publish_rendered
+from tasks.slurm import FlowRunCancelled
 from tasks.tokenize import tokenize
 from tasks.train import train
 from tasks.train_artifacts import publish_run_summary
@@ -86,7 +88,7 @@ def run_stages(spec: PretrainSpec, stages: list[str] | None = None) -> tuple[dic
 
 @flow(name="pretrain", log_prints=True)
 def pretrain(preset: str = "tiny-local", overrides: list[str] | None = None, stages: list[Stage] | None = None,
-             cluster_block: str | None = None, dry_run: bool = False) -> dict:
+             cluster_block: str | None = None, dry_run: bool = False) -> Any:
     """LLM pre-training from raw data to a trained, monitored model on a Slurm cluster.
 
     Args:
@@ -106,7 +108,10 @@ def pretrain(preset: str = "tiny-local", overrides: list[str] | None = None, sta
         spec = spec.model_copy(update={"cluster": spec.cluster.model_copy(update={"block": cluster_block})})
     if dry_run:
         return {"rendered": publish_rendered(spec)}
-    outputs, seconds = run_stages(spec, stages or None)
+    try:
+        outputs, seconds = run_stages(spec, stages or None)
+    except FlowRunCancelled as cancelled:
+        return Cancelled(message=str(cancelled))  # a flow without a worker ends Cancelled too
     if "train" in outputs:
         publish_run_summary(spec.name, _summary(spec, outputs["train"], seconds))
     return outputs

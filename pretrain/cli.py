@@ -33,9 +33,15 @@ def _validate(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
+    from prefect.exceptions import CancelledRun
+
     from flows.pretrain import pretrain
 
-    result = pretrain(preset=args.spec, overrides=args.set)
+    try:
+        result = pretrain(preset=args.spec, overrides=args.set)
+    except CancelledRun as cancelled:
+        print(f"pretrain run: cancelled: {cancelled}", file=sys.stderr)
+        return 130
     print(json.dumps(result, indent=2))
     return 0
 

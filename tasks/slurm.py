@@ -24,8 +24,10 @@ from pathlib import Path
 from typing import Any, Callable
 
 import submitit
+from prefect import get_client
 from prefect.exceptions import MissingContextError
 from prefect.logging import get_run_logger
+from prefect.runtime import flow_run
 
 from blocks.cluster import SlurmCluster
 from pretrain.command import LEASE, Leased
@@ -36,6 +38,8 @@ TERMINAL_STATES = {
     "BOOT_FAIL", "DEADLINE", "REVOKED",
 }
 LOG_TAIL_LINES = 30
+# How often a follow loop asks the server whether its flow run was cancelled.
+CANCEL_CHECK_S = 5.0
 
 
 @dataclass(frozen=True)
@@ -79,6 +83,12 @@ class SlurmJobFailed(RuntimeError):
             lines.append(f"last log lines ({log_path}):")
             lines += [f"  {line}" for line in log_tail]
         super().__init__("\n".join(lines))
+
+
+class FlowRunCancelled(RuntimeError):
+    """The flow run was cancelled (UI, API, CLI) while a job was followed; the jobs are cancelled."""
+
+    retryable = False
 
 
 # ---------------------------------------------------------------- Slurm text, parsed here only
@@ -309,6 +319,34 @@ def _logger() -> logging.Logger | logging.LoggerAdapter:
         return logging.getLogger(__name__)
 
 
+class CancelWatch:
+    """Notices that this flow run is Cancelling or Cancelled on the server.
+
+    Prefect ends a cancelled run by having its worker signal the flow process, which depends on
+    the worker's event subscription and leaves a flow started without a worker (`pretrain run`,
+    a script) running. Asking the server directly bounds the time a cancelled run's Slurm jobs
+    live to one check, with or without a worker.
+    """
+
+    def __init__(self, every_s: float = CANCEL_CHECK_S):
+        self.flow_run_id = flow_run.get_id()
+        self.every_s = every_s
+        self.next_check = time.monotonic() + every_s
+
+    def cancelled(self) -> str | None:
+        """The state's name when the run is being cancelled, checked at most every ``every_s``."""
+        if self.flow_run_id is None or time.monotonic() < self.next_check:
+            return None
+        self.next_check = time.monotonic() + self.every_s
+        try:
+            with get_client(sync_client=True) as client:
+                state = client.read_flow_run(self.flow_run_id).state
+        except Exception as exc:  # the server is briefly unreachable: the job goes on, check again
+            logging.getLogger(__name__).warning("could not read the flow run's state: %s", exc)
+            return None
+        return state.name if state is not None and (state.is_cancelling() or state.is_cancelled()) else None
+
+
 def _job_finished(job: submitit.Job, kind: str) -> SacctRecord | None:
     """None while the job may still run; else its final record.
 
@@ -354,11 +392,13 @@ def wait_all(jobs: list[submitit.Job], names: list[str], poll_s: float = 2.0,
     Returns, per job, its per-task results or the :class:`SlurmJobFailed` that ended it, so the
     caller can keep what succeeded and retry only what failed. ``on_poll`` runs once per poll
     while jobs are pending (progress reports, hang checks); an exception it raises ends the wait.
+    A cancelled flow run cancels the jobs and raises :class:`FlowRunCancelled`.
     """
     logger = _logger()
     followers = [LogFollower(job) for job in jobs]
     outcomes: list[list[Any] | SlurmJobFailed | None] = [None] * len(jobs)
     deadline = None if max_wait_s is None else time.monotonic() + max_wait_s
+    watch = CancelWatch()
 
     def stream(i: int) -> None:
         job = jobs[i]
@@ -383,6 +423,12 @@ def wait_all(jobs: list[submitit.Job], names: list[str], poll_s: float = 2.0,
                                              f"no result after {max_wait_s:.0f} s", list(followers[i].tail),
                                              log_path=str(jobs[i].paths.stdout))
             break
+        if pending and (state := watch.cancelled()):
+            for i in pending:
+                cancel(jobs[i])
+            ids = ", ".join(jobs[i].job_id for i in pending)
+            logger.warning("the flow run is %s: cancelled Slurm job(s) %s", state, ids)
+            raise FlowRunCancelled(f"the flow run was cancelled ({state}); cancelled Slurm job(s) {ids}")
         if pending:
             for i in pending:
                 _renew_lease(jobs[i])

@@ -138,10 +138,12 @@ def squeue(name: str) -> list[tuple[str, str]]:
     return [tuple(line.split()) for line in out.stdout.splitlines()]
 
 
-def running_job(name: str, timeout: float = 300) -> str:
+def running_job(name: str, older: set[str], timeout: float = 300) -> str:
+    """The id of a running job called ``name`` that is not one of the ``older`` ones (so that a
+    job another test left behind is never taken for this test's)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        running = [job for job, state in squeue(name) if state == "RUNNING"]
+        running = [job for job, state in squeue(name) if state == "RUNNING" and job not in older]
         if running:
             return running[0]
         time.sleep(0.5)
@@ -302,23 +304,63 @@ def test_nightly_benchmark_passes_against_its_baseline_and_fails_naming_a_slowdo
 # ------------------------------------------------------------------------------ cancel and crash
 
 
-def test_cancelling_a_running_flow_cancels_its_slurm_job(worker, tiny_local):
-    run_id = run_deployment(worker, "pretrain/tiny-local",
-                            {"overrides": [*tiny_local, "training.train_steps=100000", "backend.native.compile=false"]})
-    job = running_job("tiny-local-train")
-    prefect_cli(worker, "flow-run", "cancel", run_id)
-    deadline = time.monotonic() + 30
+def gone_within(job: str, seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
     while job in dict(squeue("tiny-local-train")) and time.monotonic() < deadline:
         time.sleep(0.5)
-    assert job not in dict(squeue("tiny-local-train")), "the Slurm job outlived its cancelled flow run by 30 s"
+    return job not in dict(squeue("tiny-local-train"))
+
+
+def test_cancelling_a_running_flow_cancels_its_slurm_job(worker, tiny_local):
+    older = set(dict(squeue("tiny-local-train")))
+    run_id = run_deployment(worker, "pretrain/tiny-local",
+                            {"overrides": [*tiny_local, "training.train_steps=100000", "backend.native.compile=false"]})
+    job = running_job("tiny-local-train", older)
+    prefect_cli(worker, "flow-run", "cancel", run_id)
+    assert gone_within(job, 30), ("the Slurm job outlived its cancelled flow run by 30 s; worker log:\n"
+                                  + worker["log"].read_text()[-4000:])
     assert wait_for(run_id, worker, timeout=120).state.name == "Cancelled"
 
 
+def test_cancelling_a_flow_run_started_without_a_worker_cancels_its_slurm_job(worker, tiny_local, root, tmp_path):
+    """`pretrain run` from a terminal has no worker to signal it: the flow process itself sees
+    the cancel on the server and cancels its job."""
+    older = set(dict(squeue("tiny-local-train")))
+    marker = "training.train_steps=100001"  # finds this run among the server's flow runs
+    log = tmp_path / "run.log"
+    with open(log, "w") as out:
+        proc = subprocess.Popen([str(Path(sys.executable).with_name("pretrain")), "run", "tiny-local",
+                                 *[a for o in [*tiny_local, marker, "backend.native.compile=false"] for a in ("--set", o)]],
+                                cwd=REPO, env={**worker["env"], "PRETRAIN_ROOT": str(root)}, stdout=out,
+                                stderr=subprocess.STDOUT)
+    try:
+        job = running_job("tiny-local-train", older)
+        (run_id,) = [str(r.id) for r in running_flow_runs() if marker in r.parameters.get("overrides", [])]
+        prefect_cli(worker, "flow-run", "cancel", run_id)
+        assert gone_within(job, 30), "the Slurm job outlived its cancelled flow run by 30 s:\n" + log.read_text()[-4000:]
+        assert proc.wait(timeout=60) == 130
+        assert "cancelled Slurm job(s) " + job in log.read_text()
+        assert flow_run(run_id).state.name == "Cancelled"
+    finally:
+        proc.kill()
+
+
+def running_flow_runs() -> list:
+    from prefect import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterState, FlowRunFilterStateType
+    from prefect.client.schemas.objects import StateType
+
+    with get_client(sync_client=True) as client:
+        return client.read_flow_runs(flow_run_filter=FlowRunFilter(
+            state=FlowRunFilterState(type=FlowRunFilterStateType(any_=[StateType.RUNNING]))))
+
+
 def test_a_slurm_side_failure_is_the_flow_runs_state_message(worker, tiny_local):
+    older = set(dict(squeue("tiny-local-train")))
     run_id = run_deployment(worker, "pretrain/tiny-local",
                             {"overrides": [*tiny_local, "training.train_steps=100000", "backend.native.compile=false",
                                            "backend.native.max_restarts=0"]})
-    job = running_job("tiny-local-train")
+    job = running_job("tiny-local-train", older)
     subprocess.run(["scancel", job], check=True, timeout=60)
     run = wait_for(run_id, worker, timeout=180)
     assert run.state.is_failed()
@@ -328,16 +370,14 @@ def test_a_slurm_side_failure_is_the_flow_runs_state_message(worker, tiny_local)
 def test_a_killed_flow_process_leaves_no_slurm_job(worker, tiny_local):
     """SIGKILL runs no cleanup: the job cancels itself once its lease is no longer renewed."""
     SlurmCluster(lease_timeout_s=10).save("short-lease", overwrite=True)
+    older = set(dict(squeue("tiny-local-train")))
     try:
         run_id = run_deployment(worker, "pretrain/tiny-local",
                                 {"overrides": [*tiny_local, "training.train_steps=100000",
                                                "backend.native.compile=false", "cluster.block=short-lease"]})
-        job = running_job("tiny-local-train")
+        job = running_job("tiny-local-train", older)
         os.kill(flow_run_process(run_id, worker["pid"]), signal.SIGKILL)
-        deadline = time.monotonic() + 60
-        while job in dict(squeue("tiny-local-train")) and time.monotonic() < deadline:
-            time.sleep(0.5)
-        assert job not in dict(squeue("tiny-local-train"))
+        assert gone_within(job, 60)
         assert wait_for(run_id, worker, timeout=120).state.name == "Crashed"
     finally:
         delete_block("slurm-cluster", "short-lease")
