@@ -1,12 +1,13 @@
 """Native trainer benchmarks, each a ratio measured in one run on this machine.
 
-    .venv/bin/python benchmarks/train_benchmark.py overhead [--steps 60] [--repeats 3]
+    .venv/bin/python benchmarks/train_benchmark.py overhead [--steps 110] [--repeats 3] [--intervals 50,10]
     .venv/bin/python benchmarks/train_benchmark.py tiny-local
 
 overhead: wall time per step of ``python -m trainer train`` (data loading from a Megatron
-dataset, metrics to JSONL + TensorBoard, async checkpoints every 10 steps) over a bare
-forward/backward/AdamW loop on the same model and the same batch shape (target <= 1.05).
-Both run single-process on the CPU with the same thread count; the first 10 steps are warm-up.
+dataset, metrics to JSONL + TensorBoard, async checkpoints) over a bare forward/backward/AdamW
+loop on the same model and the same batch shape (target <= 1.05), once per checkpoint interval
+(default: every 50 steps, and every 10 as a stress case). Both run single-process on the CPU
+with the same thread count; the first 10 steps are warm-up.
 
 tiny-local: ``pretrain demo`` (fetch, tokenize, precompile, train on the local Slurm cluster,
 2 data-parallel CPU processes); prints its wall time (target <= 10 min) and the final train
@@ -69,11 +70,12 @@ def bare_loop(steps: int) -> float:
     return (stamps[-1] - stamps[WARMUP - 1]) / (steps - WARMUP)
 
 
-def trainer_run(work: Path, steps: int) -> float:
+def trainer_run(work: Path, steps: int, checkpoint_interval: int) -> float:
     prefix = work / "data_text_document"
     synthetic_dataset(prefix)
     config = {"model": MODEL, "data": {"paths": [str(prefix)], "split": "100,0,0", "cache_dir": str(work / "cache")},
-              "optim": {"lr": 1e-3}, "checkpoint": {"dir": str(work / "ckpt"), "interval": 10, "keep": 2},
+              "optim": {"lr": 1e-3}, "checkpoint": {"dir": str(work / "ckpt"), "interval": checkpoint_interval,
+                                                                "keep": 2},
               "metrics": {"jsonl_path": str(work / "metrics.jsonl"), "tensorboard_dir": str(work / "tb"),
                           "log_interval": 10},
               "steps": steps, "micro_batch_size": MICRO, "global_batch_size": GLOBAL, "seq_length": SEQ,
@@ -89,23 +91,28 @@ def trainer_run(work: Path, steps: int) -> float:
     return (times[steps] - times[WARMUP]) / (steps - WARMUP)
 
 
-def overhead(steps: int, repeats: int) -> None:
-    """Trainer and bare loop alternate, ``repeats`` times each, so that a slow spell of a noisy
-    machine hits both; the ratio is of the medians."""
+def overhead(steps: int, repeats: int, intervals: list[int]) -> None:
+    """Trainer runs (one per checkpoint interval) and the bare loop alternate, ``repeats`` times
+    each, so that a slow spell of a noisy machine hits all; the ratios are of the medians."""
     threads = torch.get_num_threads()
-    trainer_s, bare_s = [], []
+    trainer_s: dict[int, list[float]] = {interval: [] for interval in intervals}
+    bare_s = []
     for _ in range(repeats):
-        with tempfile.TemporaryDirectory() as tmp:
-            trainer_s.append(trainer_run(Path(tmp), steps))
+        for interval in intervals:
+            with tempfile.TemporaryDirectory() as tmp:
+                trainer_s[interval].append(trainer_run(Path(tmp), steps, interval))
         bare_s.append(bare_loop(steps))
+    bare = statistics.median(bare_s)
     print(f"model: Llama {MODEL['num_layers']} layers, hidden {MODEL['hidden_size']}, seq {SEQ}, "
           f"global batch {GLOBAL} ({GLOBAL // MICRO} micro-batches), {threads} threads, {steps} steps, "
           f"{repeats} alternating runs each")
-    print(f"bare forward/backward/AdamW loop: {statistics.median(bare_s) * 1000:.1f} ms/step "
+    print(f"bare forward/backward/AdamW loop: {bare * 1000:.1f} ms/step "
           f"(runs: {', '.join(f'{s * 1000:.1f}' for s in bare_s)})")
-    print(f"python -m trainer train:          {statistics.median(trainer_s) * 1000:.1f} ms/step "
-          f"(runs: {', '.join(f'{s * 1000:.1f}' for s in trainer_s)}; data, metrics, async checkpoints)")
-    print(f"overhead ratio: {statistics.median(trainer_s) / statistics.median(bare_s):.3f} (target <= 1.05)")
+    for interval, runs in trainer_s.items():
+        median = statistics.median(runs)
+        print(f"python -m trainer train, async checkpoint every {interval} steps: {median * 1000:.1f} ms/step "
+              f"(runs: {', '.join(f'{s * 1000:.1f}' for s in runs)}); overhead ratio {median / bare:.3f} "
+              "(target <= 1.05)")
 
 
 def tiny_local() -> None:
@@ -128,10 +135,14 @@ def tiny_local() -> None:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("which", choices=["overhead", "tiny-local"])
-    parser.add_argument("--steps", type=int, default=60)
+    parser.add_argument("--steps", type=int, default=110)
     parser.add_argument("--repeats", type=int, default=3, help="overhead: alternating runs of each")
+    parser.add_argument("--intervals", default="50,10", help="overhead: checkpoint intervals to measure, in steps")
     args = parser.parse_args()
-    overhead(args.steps, args.repeats) if args.which == "overhead" else tiny_local()
+    if args.which == "overhead":
+        overhead(args.steps, args.repeats, [int(i) for i in args.intervals.split(",")])
+    else:
+        tiny_local()
 
 
 if __name__ == "__main__":

@@ -15,7 +15,7 @@ import os
 import re
 import shutil
 import zlib
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -98,6 +98,9 @@ class Checkpointer:
         # Background writes run their collectives on their own group, never interleaved with
         # the training step's collectives on the default one.
         self.group = dist.new_group(backend="gloo") if cfg.async_save else None
+        # Sealing a background write (CRC32 of every file, the marker, pruning) happens off the
+        # training thread too: file reads and zlib release the GIL, so the steps do not wait on it.
+        self.sealer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="checkpoint-seal") if cfg.async_save else None
         if rank == 0:
             self.root.mkdir(parents=True, exist_ok=True)
 
@@ -133,8 +136,13 @@ class Checkpointer:
                 raise self._failed(step, exc) from exc
             self._finish(step)
             return
-        self.pending = dcp.async_save(state, checkpoint_id=str(path), process_group=self.group)
+        write = dcp.async_save(state, checkpoint_id=str(path), process_group=self.group)
+        self.pending = self.sealer.submit(self._seal, write, step)
         self.pending_step = step
+
+    def _seal(self, write: Future, step: int) -> None:
+        write.result()
+        self._finish(step)
 
     def wait(self) -> None:
         """Let the background write end; raise if it failed (a full disk, say)."""
@@ -146,10 +154,10 @@ class Checkpointer:
             future.result()
         except _FAILED as exc:
             raise self._failed(step, exc) from exc
-        self._finish(step)
 
     def poll(self) -> None:
-        """Finish a background write that is done, without waiting for one that is not."""
+        """Take note of a background write that has ended (raising if it failed), without waiting
+        for one that has not."""
         if self.pending is not None and self.pending.done():
             self.wait()
 
@@ -170,4 +178,8 @@ class Checkpointer:
             shutil.rmtree(step_dir(self.root, old), ignore_errors=True)
 
     def close(self) -> None:
-        self.wait()
+        try:
+            self.wait()
+        finally:
+            if self.sealer is not None:
+                self.sealer.shutdown()
