@@ -6,8 +6,10 @@
 overhead: wall time per step of ``python -m trainer train`` (data loading from a Megatron
 dataset, metrics to JSONL + TensorBoard, async checkpoints) over a bare forward/backward/AdamW
 loop on the same model and the same batch shape (target <= 1.05), once per checkpoint interval
-(default: every 50 steps, and every 10 as a stress case). Both run single-process on the CPU
-with the same thread count; the first 10 steps are warm-up.
+(default: every 50 steps, and every 10 as a stress case). Each runs in a process of its own,
+single-threaded, with the CPU allocator set up as the trainer sets it up
+(``device.keep_freed_memory``); the bare loop also runs with glibc's default malloc, to show what
+that setting is worth. The first 10 steps are warm-up.
 
 tiny-local: ``pretrain demo`` (fetch, tokenize, precompile, train on the local Slurm cluster,
 2 data-parallel CPU processes); prints its wall time (target <= 10 min) and the final train
@@ -49,11 +51,14 @@ def synthetic_dataset(prefix: Path) -> None:
     builder.finalize(f"{prefix}.idx")
 
 
-def bare_loop(steps: int) -> float:
+def bare_loop(steps: int, glibc_defaults: bool) -> float:
     """Seconds per step after warm-up: the model, AdamW and a fixed batch, nothing else."""
     from trainer.train.config import ModelConfig
+    from trainer.train.device import keep_freed_memory
     from trainer.train.model import build
 
+    if not glibc_defaults:
+        keep_freed_memory(torch.device("cpu"))
     model = build(ModelConfig(**MODEL), seed=1234)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=True)
     tokens = torch.randint(0, 4096, (MICRO, SEQ))
@@ -68,6 +73,11 @@ def bare_loop(steps: int) -> float:
         optimizer.zero_grad(set_to_none=True)
         stamps.append(time.perf_counter())
     return (stamps[-1] - stamps[WARMUP - 1]) / (steps - WARMUP)
+
+
+def bare_run(steps: int, glibc_defaults: bool) -> float:
+    command = [sys.executable, __file__, "bare", "--steps", str(steps)] + (["--glibc-defaults"] if glibc_defaults else [])
+    return float(subprocess.run(command, check=True, capture_output=True, text=True).stdout)
 
 
 def trainer_run(work: Path, steps: int, checkpoint_interval: int) -> float:
@@ -92,27 +102,33 @@ def trainer_run(work: Path, steps: int, checkpoint_interval: int) -> float:
 
 
 def overhead(steps: int, repeats: int, intervals: list[int]) -> None:
-    """Trainer runs (one per checkpoint interval) and the bare loop alternate, ``repeats`` times
+    """Trainer runs (one per checkpoint interval) and the bare loops alternate, ``repeats`` times
     each, so that a slow spell of a noisy machine hits all; the ratios are of the medians."""
     threads = torch.get_num_threads()
     trainer_s: dict[int, list[float]] = {interval: [] for interval in intervals}
-    bare_s = []
+    bare_s, default_malloc_s = [], []
     for _ in range(repeats):
         for interval in intervals:
             with tempfile.TemporaryDirectory() as tmp:
                 trainer_s[interval].append(trainer_run(Path(tmp), steps, interval))
-        bare_s.append(bare_loop(steps))
+        bare_s.append(bare_run(steps, glibc_defaults=False))
+        default_malloc_s.append(bare_run(steps, glibc_defaults=True))
     bare = statistics.median(bare_s)
     print(f"model: Llama {MODEL['num_layers']} layers, hidden {MODEL['hidden_size']}, seq {SEQ}, "
           f"global batch {GLOBAL} ({GLOBAL // MICRO} micro-batches), {threads} threads, {steps} steps, "
           f"{repeats} alternating runs each")
-    print(f"bare forward/backward/AdamW loop: {bare * 1000:.1f} ms/step "
-          f"(runs: {', '.join(f'{s * 1000:.1f}' for s in bare_s)})")
+    print(f"bare forward/backward/AdamW loop: {bare * 1000:.1f} ms/step (runs: {_runs(bare_s)})")
     for interval, runs in trainer_s.items():
         median = statistics.median(runs)
         print(f"python -m trainer train, async checkpoint every {interval} steps: {median * 1000:.1f} ms/step "
-              f"(runs: {', '.join(f'{s * 1000:.1f}' for s in runs)}); overhead ratio {median / bare:.3f} "
-              "(target <= 1.05)")
+              f"(runs: {_runs(runs)}); overhead ratio {median / bare:.3f} (target <= 1.05)")
+    default = statistics.median(default_malloc_s)
+    print(f"bare loop with glibc's default malloc: {default * 1000:.1f} ms/step (runs: {_runs(default_malloc_s)}); "
+          f"{default / bare:.3f}x the step time with keep_freed_memory")
+
+
+def _runs(seconds: list[float]) -> str:
+    return ", ".join(f"{s * 1000:.1f}" for s in seconds)
 
 
 def tiny_local() -> None:
@@ -134,12 +150,15 @@ def tiny_local() -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("which", choices=["overhead", "tiny-local"])
+    parser.add_argument("which", choices=["overhead", "tiny-local", "bare"], help="bare: one bare loop, for overhead")
     parser.add_argument("--steps", type=int, default=110)
     parser.add_argument("--repeats", type=int, default=3, help="overhead: alternating runs of each")
     parser.add_argument("--intervals", default="50,10", help="overhead: checkpoint intervals to measure, in steps")
+    parser.add_argument("--glibc-defaults", action="store_true", help="bare: leave malloc as glibc sets it up")
     args = parser.parse_args()
-    if args.which == "overhead":
+    if args.which == "bare":
+        print(bare_loop(args.steps, args.glibc_defaults))
+    elif args.which == "overhead":
         overhead(args.steps, args.repeats, [int(i) for i in args.intervals.split(",")])
     else:
         tiny_local()

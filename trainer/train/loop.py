@@ -81,6 +81,7 @@ class Trainer:
         for sig in STOP_SIGNALS:
             signal.signal(sig, self._on_stop_signal)
         self.device = devices.resolve(cfg.device)
+        devices.keep_freed_memory(self.device)
         _init_distributed(self.device)
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
         mesh = build_mesh(self.device, self.world, cfg.parallel.tp)
