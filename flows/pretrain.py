@@ -27,7 +27,7 @@ from tasks.convert import convert
 from tasks.fetch import fetch
 from tasks.precompile import precompile_native, precompile_neuron
 from tasks.render import publish_rendered
-from tasks.slurm import FlowRunCancelled
+from tasks.slurm import FlowRunCancelled, raise_if_cancelled
 from tasks.tokenize import tokenize
 from tasks.train import train
 from tasks.train_artifacts import publish_run_summary
@@ -45,7 +45,7 @@ class StageTimer:
     def __call__(self, name: str, stage: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         start = time.monotonic()
         try:
-            return stage(*args, **kwargs)
+            return raise_if_cancelled(stage(*args, **kwargs))
         finally:
             self.seconds[name] = round(time.monotonic() - start, 1)
 

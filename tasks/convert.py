@@ -15,7 +15,7 @@ from pretrain import manifest
 from pretrain.command import Command
 from pretrain.spec import PretrainSpec
 from tasks.artifacts import artifact_key, retryable
-from tasks.slurm import JobRequest, cluster_for, job_folder, run_job
+from tasks.slurm import JobRequest, cluster_for, ends_cancelled, job_folder, run_job
 from trainer.launch.convert_command import convert_command, convert_flags
 
 CONVERT_FORMAT = 1
@@ -28,6 +28,7 @@ def source_fingerprint(source: Path) -> dict:
 
 
 @task(name="convert", retries=1, retry_delay_seconds=10, retry_condition_fn=retryable)
+@ends_cancelled
 def convert(spec: PretrainSpec, reuse_only: bool = False) -> str:
     """Convert ``model.init_from``; return the directory NxDT's ``resume_from_checkpoint`` takes.
     ``reuse_only``: return an existing complete conversion, never submit (the stage was left out)."""

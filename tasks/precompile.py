@@ -42,7 +42,8 @@ from pretrain.command import Command
 from pretrain.neuron_compile import CompileSummary, from_results, parse_npc_log
 from pretrain.spec import PretrainSpec
 from tasks.artifacts import artifact_key, retryable
-from tasks.slurm import JobRequest, SlurmJobFailed, cluster_for, expand_nodes, job_folder, run_job
+from tasks.slurm import (JobRequest, SlurmJobFailed, cluster_for, ends_cancelled, expand_nodes, job_folder,
+                         run_job)
 from tasks.tokenize import eod_id
 from trainer.launch import native
 from trainer.launch.nxdt import nxdt_config, precompile_command, precompile_environment
@@ -208,6 +209,7 @@ def attempt_record(rows: list[dict]) -> dict:
 # ---------------------------------------------------------------- the task
 
 @task(name="precompile", retries=2, retry_delay_seconds=30, retry_condition_fn=retryable)
+@ends_cancelled
 def precompile_neuron(spec: PretrainSpec, dataset: str, checkpoint: str | None = None) -> dict:
     """Compile every training graph into the cache on the nodes training will use.
 
@@ -270,6 +272,7 @@ def native_compile_rows(record_path: Path) -> list[dict]:
 
 
 @task(name="precompile-native", retries=1, retry_delay_seconds=10, retry_condition_fn=retryable)
+@ends_cancelled
 def precompile_native(spec: PretrainSpec, dataset: str, data_dir: str) -> dict:
     """A short torch.compile warm-up on the training's node count that fills the shared compile
     cache (inductor's; Neuron's on Trainium), so training compiles nothing itself. Returns the

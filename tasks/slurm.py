@@ -9,6 +9,7 @@ and cancels the job when the flow is cancelled or crashes.
 from __future__ import annotations
 
 import atexit
+import functools
 import logging
 import os
 import shutil
@@ -28,6 +29,7 @@ from prefect import get_client
 from prefect.exceptions import MissingContextError
 from prefect.logging import get_run_logger
 from prefect.runtime import flow_run
+from prefect.states import Cancelled, State
 
 from blocks.cluster import SlurmCluster
 from pretrain.command import LEASE, Leased
@@ -89,6 +91,29 @@ class FlowRunCancelled(RuntimeError):
     """The flow run was cancelled (UI, API, CLI) while a job was followed; the jobs are cancelled."""
 
     retryable = False
+
+
+def ends_cancelled(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Under ``@task``, for the tasks that follow Slurm jobs: the task of a cancelled flow run ends
+    Cancelled, not Failed with a traceback, so the UI shows what happened. The task then returns
+    a Cancelled state instead of its output; :func:`raise_if_cancelled` turns it back into
+    :class:`FlowRunCancelled` for the flow."""
+
+    @functools.wraps(fn)
+    def task_body(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except FlowRunCancelled as cancelled:
+            return Cancelled(message=str(cancelled))
+
+    return task_body
+
+
+def raise_if_cancelled(output: Any) -> Any:
+    """A stage's output, or :class:`FlowRunCancelled` when its task ended Cancelled."""
+    if isinstance(output, State) and output.is_cancelled():
+        raise FlowRunCancelled(output.message)
+    return output
 
 
 # ---------------------------------------------------------------- Slurm text, parsed here only

@@ -26,7 +26,8 @@ from pretrain import manifest
 from pretrain.command import Command
 from pretrain.spec import PretrainSpec
 from tasks.artifacts import artifact_key, retryable
-from tasks.slurm import JobRequest, SlurmJobFailed, cluster_for, job_folder, run_array, run_job
+from tasks.slurm import (JobRequest, SlurmJobFailed, cluster_for, ends_cancelled, job_folder, run_array,
+                         run_job)
 
 TOKENIZE_FORMAT = 1  # bump when the layout of tokenize outputs changes
 SHARD_BYTES = 256 << 20  # input per array task when the spec does not fix the shard count
@@ -102,6 +103,7 @@ def shard_count(spec: PretrainSpec, input_bytes: int) -> int:
 
 
 @task(name="tokenize", retries=2, retry_delay_seconds=10, retry_condition_fn=retryable)
+@ends_cancelled
 def tokenize(spec: PretrainSpec, data_dir: str, reuse_only: bool = False) -> str:
     """Tokenize the fetched corpus; return the dataset: a Megatron prefix (``.../data_text_document``)
     or, for NxDT's Llama configs, an Arrow directory (``.../data_text``).

@@ -30,8 +30,8 @@ from pretrain.spec import PretrainSpec
 from tasks.artifacts import retryable
 from tasks.precompile import native_compile_rows
 from tasks.tokenize import eod_id
-from tasks.slurm import (JobRequest, SlurmJobFailed, cluster_for, executor_kind, expand_nodes, job_folder,
-                         query_slurm_state, run_job)
+from tasks.slurm import (JobRequest, SlurmJobFailed, cluster_for, ends_cancelled, executor_kind, expand_nodes,
+                         job_folder, query_slurm_state, run_job)
 from tasks.train_artifacts import publish_loss_curve, publish_progress
 from trainer.launch import native
 
@@ -204,6 +204,7 @@ def finish_run(spec: PretrainSpec, follower: MetricsFollower, attempts: Attempts
 
 
 @task(name="train", retries=1, retry_delay_seconds=10, retry_condition_fn=retryable)
+@ends_cancelled
 def train(spec: PretrainSpec, dataset: str, data_dir: str, nodelist: list[str] | None = None) -> dict[str, Any]:
     """Train until the configured step; returns the trainer's final record with the job history."""
     n = spec.backend.native

@@ -24,7 +24,7 @@ from pretrain.command import Command
 from pretrain.spec import MegatronLMSpec, PretrainSpec
 from tasks.artifacts import retryable
 from tasks.precompile import shell_line
-from tasks.slurm import JobRequest, cluster_for
+from tasks.slurm import JobRequest, cluster_for, ends_cancelled
 from tasks.train import MetricsFollower, finish_run, job_completed, run_attempts, run_dir
 from trainer.launch import megatron_lm
 
@@ -46,6 +46,7 @@ def in_container(cluster: SlurmCluster, spec: PretrainSpec) -> SlurmCluster:
 
 
 @task(name="train", retries=1, retry_delay_seconds=10, retry_condition_fn=retryable)
+@ends_cancelled
 def train_megatron(spec: PretrainSpec, dataset: str) -> dict[str, Any]:
     """Train with Megatron-LM until ``training.train_steps`` (or ``train_samples``)."""
     settings = spec.backend.megatron_lm or MegatronLMSpec()

@@ -29,7 +29,7 @@ from pretrain.neuron_compile import training_compiles
 from pretrain.spec import PretrainSpec
 from tasks.artifacts import retryable
 from tasks.precompile import CONFIG_NAME, compile_environment, node_name, node_script
-from tasks.slurm import JobRequest, cluster_for
+from tasks.slurm import JobRequest, cluster_for, ends_cancelled
 from tasks.train import MetricsFollower, finish_run, job_completed, run_attempts, run_dir
 from trainer.launch import nxdt
 
@@ -87,6 +87,7 @@ def compile_rows(run: Path, nodes: int) -> list[dict]:
 
 
 @task(name="train", retries=1, retry_delay_seconds=10, retry_condition_fn=retryable)
+@ends_cancelled
 def train_nxdt(spec: PretrainSpec, dataset: str, checkpoint: str | None = None,
                precompiled: dict[str, Any] | None = None) -> dict[str, Any]:
     """Train with NxDT until ``training.train_steps``; ``checkpoint`` the converted weights to

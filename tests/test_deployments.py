@@ -341,8 +341,25 @@ def test_cancelling_a_flow_run_started_without_a_worker_cancels_its_slurm_job(wo
         assert proc.wait(timeout=60) == 130
         assert "cancelled Slurm job(s) " + job in log.read_text()
         assert flow_run(run_id).state.name == "Cancelled"
+        # The train task says so too: Cancelled in the UI, not Failed with a traceback.
+        assert task_states(run_id).get("train") == "Cancelled", task_states(run_id)
     finally:
         proc.kill()
+
+
+def task_states(run_id: str, settle_s: float = 15) -> dict[str, str]:
+    """Each task's last state name in a flow run, by task name (task states arrive as events)."""
+    from prefect import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
+    deadline = time.monotonic() + settle_s
+    while True:
+        with get_client(sync_client=True) as client:
+            runs = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[run_id])))
+        states = {r.name.rsplit("-", 1)[0]: r.state.name for r in runs if r.state is not None}
+        if all(s not in ("Running", "Pending") for s in states.values()) or time.monotonic() > deadline:
+            return states
+        time.sleep(1)
 
 
 def running_flow_runs() -> list:
