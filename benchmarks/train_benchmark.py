@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/train_benchmark.py overhead [--steps 110] [--repeats 3] [--intervals 50,10]
     .venv/bin/python benchmarks/train_benchmark.py tiny-local
+    python benchmarks/train_benchmark.py gpu [--steps 30] [--micro-batch 4] [--global-batch 16] [--smoke]
 
 overhead: wall time per step of ``python -m trainer train`` (data loading from a Megatron
 dataset, metrics to JSONL + TensorBoard, async checkpoints) over a bare forward/backward/AdamW
@@ -14,6 +15,14 @@ that setting is worth. The first 10 steps are warm-up.
 tiny-local: ``pretrain demo`` (fetch, tokenize, precompile, train on the local Slurm cluster,
 2 data-parallel CPU processes); prints its wall time (target <= 10 min) and the final train
 loss over the first (target < 0.6).
+
+gpu: ``python -m trainer train`` on one accelerator with a Llama of Llama 3.2 1B's shape (16
+layers, hidden 2048, 32 heads, 8 KV heads, FFN 8192, vocab 128256; 1.5 B parameters, the
+embeddings untied) at sequence 2048 in bf16 with torch.compile, no checkpoints, no evaluation;
+prints the trainer's own tokens/s, MFU (from the device's dense bf16 peak) and step time, medians
+after warm-up (target MFU >= 45 % on one H100). Needs the project's dependencies beside a CUDA
+PyTorch (megatron-core for the dataset). ``--smoke`` runs the same path with the small overhead
+model on whatever device there is, to check the command.
 """
 
 from __future__ import annotations
@@ -40,13 +49,18 @@ MODEL = {"family": "llama", "num_layers": 4, "hidden_size": 128, "ffn_hidden_siz
 SEQ, MICRO, GLOBAL = 128, 4, 16
 
 
-def synthetic_dataset(prefix: Path) -> None:
+LLAMA_1B = {"family": "llama", "num_layers": 16, "hidden_size": 2048, "ffn_hidden_size": 8192,
+            "num_attention_heads": 32, "num_kv_heads": 8, "vocab_size": 128256, "max_position_embeddings": 2048,
+            "rope_theta": 500000.0}
+
+
+def synthetic_dataset(prefix: Path, vocab_size: int = 4096, documents: int = 2000, max_length: int = 512) -> None:
     from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
 
     rng = np.random.default_rng(0)
-    builder = IndexedDatasetBuilder(f"{prefix}.bin", dtype=np.uint16)
-    for _ in range(2000):
-        document = torch.from_numpy(rng.integers(1, 4096, size=int(rng.integers(64, 512))))
+    builder = IndexedDatasetBuilder(f"{prefix}.bin", dtype=np.uint16 if vocab_size < 2**16 else np.int32)
+    for _ in range(documents):
+        document = torch.from_numpy(rng.integers(1, vocab_size, size=int(rng.integers(64, max_length))))
         builder.add_document(document, [len(document)])
     builder.finalize(f"{prefix}.idx")
 
@@ -80,24 +94,35 @@ def bare_run(steps: int, glibc_defaults: bool) -> float:
     return float(subprocess.run(command, check=True, capture_output=True, text=True).stdout)
 
 
-def trainer_run(work: Path, steps: int, checkpoint_interval: int) -> float:
+def trainer_config(work: Path, model: dict, *, steps: int, micro: int, global_batch: int, seq: int,
+                   checkpoint_interval: int, **extra) -> Path:
+    """A benchmark-mode trainer config over a synthetic dataset, written to ``work/train.json``."""
     prefix = work / "data_text_document"
-    synthetic_dataset(prefix)
-    config = {"model": MODEL, "data": {"paths": [str(prefix)], "split": "100,0,0", "cache_dir": str(work / "cache")},
+    synthetic_dataset(prefix, model["vocab_size"], documents=max(2000, steps * global_batch * seq // 256),
+                      max_length=max(512, seq))
+    config = {"model": model, "data": {"paths": [str(prefix)], "split": "100,0,0", "cache_dir": str(work / "cache")},
               "optim": {"lr": 1e-3}, "checkpoint": {"dir": str(work / "ckpt"), "interval": checkpoint_interval,
                                                                 "keep": 2},
               "metrics": {"jsonl_path": str(work / "metrics.jsonl"), "tensorboard_dir": str(work / "tb"),
                           "log_interval": 10},
-              "steps": steps, "micro_batch_size": MICRO, "global_batch_size": GLOBAL, "seq_length": SEQ,
-              "precision": "fp32", "benchmark": True}
+              "steps": steps, "micro_batch_size": micro, "global_batch_size": global_batch, "seq_length": seq,
+              "benchmark": True, **extra}
     (work / "train.json").write_text(json.dumps(config))
-    subprocess.run([sys.executable, "-m", "trainer", "train", "--config", str(work / "train.json")], cwd=ROOT,
-                   check=True, stdout=subprocess.DEVNULL)
-    times = {}
-    for line in (work / "metrics.jsonl").read_text().splitlines():
-        record = json.loads(line)
-        if "event" not in record and "time" in record:
-            times[record["step"]] = record["time"]
+    return work / "train.json"
+
+
+def run_trainer(config: Path) -> dict[int, dict]:
+    """``python -m trainer train`` in a process of its own; its per-step metrics records by step."""
+    subprocess.run([sys.executable, "-m", "trainer", "train", "--config", str(config)], cwd=ROOT, check=True,
+                   stdout=subprocess.DEVNULL)
+    records = (json.loads(line) for line in (config.parent / "metrics.jsonl").read_text().splitlines())
+    return {r["step"]: r for r in records if "event" not in r and "time" in r}
+
+
+def trainer_run(work: Path, steps: int, checkpoint_interval: int) -> float:
+    config = trainer_config(work, MODEL, steps=steps, micro=MICRO, global_batch=GLOBAL, seq=SEQ,
+                            checkpoint_interval=checkpoint_interval, precision="fp32")
+    times = {step: record["time"] for step, record in run_trainer(config).items()}
     return (times[steps] - times[WARMUP]) / (steps - WARMUP)
 
 
@@ -148,18 +173,48 @@ def tiny_local() -> None:
           f"median of the last 10 steps {statistics.median(losses[s] for s in sorted(losses)[-10:]):.3f}")
 
 
+def gpu(steps: int, micro: int, global_batch: int, smoke: bool) -> None:
+    """The trainer's throughput and MFU on one accelerator, medians of the steps after warm-up."""
+    model, seq = (MODEL, SEQ) if smoke else (LLAMA_1B, 2048)
+    with tempfile.TemporaryDirectory() as tmp:
+        config = trainer_config(Path(tmp), model, steps=steps, micro=micro, global_batch=global_batch, seq=seq,
+                                checkpoint_interval=steps + 1, precision="bf16", parallel={"compile": True})
+        timed = [r for step, r in sorted(run_trainer(config).items()) if step > WARMUP]
+
+    def median(key: str) -> float | None:
+        values = [r[key] for r in timed if r.get(key) is not None]
+        return statistics.median(values) if values else None
+
+    device = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
+    print(f"device: {device}; model: {model['num_layers']} layers, hidden {model['hidden_size']}, "
+          f"vocab {model['vocab_size']}, seq {seq}, micro-batch {micro}, global batch {global_batch}, "
+          f"{'bf16' if torch.cuda.is_available() else 'fp32 (bf16 only on accelerators)'}, "
+          f"torch.compile; {len(timed)} timed steps after {WARMUP} warm-up")
+    mfu = median("mfu_pct")
+    print(f"tokens/s {median('tokens_per_s'):.0f}; step time {median('step_time_ms'):.1f} ms; "
+          f"MFU {'unknown (no peak for this device; set PRETRAIN_PEAK_TFLOPS)' if mfu is None else f'{mfu:.1f} %'} "
+          f"(target >= 45 % on one H100); peak memory {median('memory_gib'):.1f} GiB")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("which", choices=["overhead", "tiny-local", "bare"], help="bare: one bare loop, for overhead")
-    parser.add_argument("--steps", type=int, default=110)
+    parser.add_argument("which", choices=["overhead", "tiny-local", "gpu", "bare"],
+                        help="bare: one bare loop, for overhead")
+    parser.add_argument("--steps", type=int, help="default: 110 for overhead and bare, 30 for gpu")
     parser.add_argument("--repeats", type=int, default=3, help="overhead: alternating runs of each")
     parser.add_argument("--intervals", default="50,10", help="overhead: checkpoint intervals to measure, in steps")
     parser.add_argument("--glibc-defaults", action="store_true", help="bare: leave malloc as glibc sets it up")
+    parser.add_argument("--micro-batch", type=int, default=4, help="gpu: sequences per micro-batch")
+    parser.add_argument("--global-batch", type=int, default=16, help="gpu: sequences per step")
+    parser.add_argument("--smoke", action="store_true", help="gpu: the small model, to check the command anywhere")
     args = parser.parse_args()
+    steps = args.steps or (30 if args.which == "gpu" else 110)
     if args.which == "bare":
-        print(bare_loop(args.steps, args.glibc_defaults))
+        print(bare_loop(steps, args.glibc_defaults))
     elif args.which == "overhead":
-        overhead(args.steps, args.repeats, [int(i) for i in args.intervals.split(",")])
+        overhead(steps, args.repeats, [int(i) for i in args.intervals.split(",")])
+    elif args.which == "gpu":
+        gpu(steps, args.micro_batch, args.global_batch, args.smoke)
     else:
         tiny_local()
 
