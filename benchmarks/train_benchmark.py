@@ -185,10 +185,11 @@ def gpu(steps: int, micro: int, global_batch: int, smoke: bool) -> None:
         values = [r[key] for r in timed if r.get(key) is not None]
         return statistics.median(values) if values else None
 
-    device = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
+    accelerator = torch.accelerator.current_accelerator() if torch.accelerator.is_available() else None
+    device = torch.cuda.get_device_name() if torch.cuda.is_available() else getattr(accelerator, "type", "cpu")
     print(f"device: {device}; model: {model['num_layers']} layers, hidden {model['hidden_size']}, "
           f"vocab {model['vocab_size']}, seq {seq}, micro-batch {micro}, global batch {global_batch}, "
-          f"{'bf16' if torch.cuda.is_available() else 'fp32 (bf16 only on accelerators)'}, "
+          f"{'bf16' if accelerator else 'fp32 (bf16 only on accelerators)'}, "
           f"torch.compile; {len(timed)} timed steps after {WARMUP} warm-up")
     mfu = median("mfu_pct")
     print(f"tokens/s {median('tokens_per_s'):.0f}; step time {median('step_time_ms'):.1f} ms; "
