@@ -1,7 +1,8 @@
-"""The trainer's CPU allocator setting: memory a step frees is kept for the next step, so the
-steps stop faulting their activations in again, at no cost in peak memory
-(benchmarks/train_benchmark.py measures what that is worth in time). Each case runs training
-steps in a process of its own, as the trainer's ranks do."""
+"""Device choices of the trainer: the CPU allocator setting (memory a step frees is kept for the
+next step, so the steps stop faulting their activations in again, at no cost in peak memory;
+benchmarks/train_benchmark.py measures what that is worth in time), the process-group backends,
+and the model landing on the rank's device. Each case that trains or joins a process group runs
+in a process of its own, as the trainer's ranks do."""
 
 from __future__ import annotations
 
@@ -13,14 +14,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from trainer.train.device import keep_freed_memory
+from trainer.train.device import keep_freed_memory, process_group_backend
 
 REPO = Path(__file__).resolve().parents[1]
 
 STEPS = """
 import json, resource, sys, torch
 from trainer.train.config import ModelConfig
-from trainer.train.device import keep_freed_memory
+from trainer.train.device import keep_freed_memory, process_group_backend
 from trainer.train.model import build
 
 if sys.argv[1] == "tuned":
@@ -72,3 +73,35 @@ def test_cpu_steps_reuse_freed_memory_instead_of_faulting_it_in_again():
 
 def test_accelerators_keep_their_own_allocator():
     assert keep_freed_memory(torch.device("meta")) is False
+
+
+def test_accelerator_ranks_also_get_gloo_for_the_cpu_tensors_they_agree_on():
+    # The resume step and the checkpoint decision are broadcast as CPU tensors; nccl alone
+    # fails them with "No backend type associated with device type cpu" (seen on an H100).
+    assert process_group_backend(torch.device("cpu")) == "gloo"
+    assert process_group_backend(torch.device("cuda", 0)) == "cpu:gloo,cuda:nccl"
+
+
+PLACE = """
+import sys, types, torch, torch.distributed as dist
+from trainer.train.config import ModelConfig, ParallelConfig
+from trainer.train.model import build
+from trainer.train.parallelize import build_mesh, parallelize
+
+dist.init_process_group("gloo", init_method=f"file://{sys.argv[2]}", rank=0, world_size=1)
+model = build(ModelConfig(family="llama", num_layers=2, hidden_size=64, ffn_hidden_size=172, num_attention_heads=4,
+                          num_kv_heads=2, vocab_size=256, max_position_embeddings=64), seed=0)
+target = torch.device(sys.argv[1])
+sharded = parallelize(model, build_mesh(torch.device("cpu"), 1, 1), types.SimpleNamespace(parallel=ParallelConfig()),
+                      target)
+print(sharded, sorted({str(t.device) for t in [*model.parameters(), *model.buffers()]}))
+dist.destroy_process_group()
+"""
+
+
+def test_a_world_of_one_trains_on_its_device_not_where_the_model_was_built(tmp_path):
+    # The model is built on the CPU; FSDP moves what it shards, and a single rank has nothing to
+    # shard, so parallelize moves it. "meta" stands for an accelerator this machine lacks.
+    out = subprocess.run([sys.executable, "-c", PLACE, "meta", str(tmp_path / "rendezvous")], cwd=REPO, check=True,
+                         capture_output=True, text=True)
+    assert out.stdout.split() == ["False", "['meta']"]

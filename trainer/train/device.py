@@ -38,11 +38,14 @@ def resolve(name: str) -> torch.device:
 
 
 def process_group_backend(device: torch.device) -> str:
-    """gloo on CPU, nccl on CUDA; out-of-tree devices register theirs in the same map."""
+    """gloo on CPU; on an accelerator its own backend (nccl on CUDA; out-of-tree devices register
+    theirs in the same map) with gloo beside it, as torchtitan does: the trainer agrees on small
+    CPU tensors (the step to resume from, whether a checkpoint exists), which nccl alone refuses
+    ("No backend type associated with device type cpu")."""
     backend = dist.Backend.default_device_backend_map.get(device.type)
     if backend is None:
         raise RuntimeError(f"no torch.distributed backend is registered for device type {device.type!r}")
-    return backend
+    return backend if device.type == "cpu" else f"cpu:gloo,{device.type}:{backend}"
 
 
 def compile_backend(device: torch.device) -> str:

@@ -75,6 +75,7 @@ def parallelize(model: torch.nn.Module, mesh: DeviceMesh, cfg: TrainConfig, devi
     if cfg.parallel.compile:
         apply_compile(model, device)
     if mesh.size() == 1:
+        model.to(device)  # FSDP moves what it shards; unsharded, the model leaves the CPU here
         return False
     apply_fsdp(model, mesh["dp"], devices.compute_dtype(device, cfg.precision))
     return True
