@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/train_benchmark.py overhead [--steps 110] [--repeats 3] [--intervals 50,10]
     .venv/bin/python benchmarks/train_benchmark.py tiny-local
-    python benchmarks/train_benchmark.py gpu [--steps 30] [--micro-batch 4] [--global-batch 16] [--smoke]
+    python benchmarks/train_benchmark.py gpu [--steps 30] [--micro-batch 8] [--global-batch 16] [--smoke]
 
 overhead: wall time per step of ``python -m trainer train`` (data loading from a Megatron
 dataset, metrics to JSONL + TensorBoard, async checkpoints) over a bare forward/backward/AdamW
@@ -18,9 +18,11 @@ loss over the first (target < 0.6).
 
 gpu: ``python -m trainer train`` on one accelerator with a Llama of Llama 3.2 1B's shape (16
 layers, hidden 2048, 32 heads, 8 KV heads, FFN 8192, vocab 128256; 1.5 B parameters, the
-embeddings untied) at sequence 2048 in bf16 with torch.compile, no checkpoints, no evaluation;
+embeddings untied) at sequence 2048 in bf16 with torch.compile, micro-batches of 8 (the 80 GB of
+an H100 hold them without activation checkpointing), no evaluation, and no checkpoint until the
+trainer's final one after the timed steps (~18 GB: ``TMPDIR=/dev/shm`` keeps it off a slow disk);
 prints the trainer's own tokens/s, MFU (from the device's dense bf16 peak) and step time, medians
-after warm-up (target MFU >= 45 % on one H100). Needs the project's dependencies beside a CUDA
+after warm-up (target MFU >= 45 % on one H100). Needs the trainer's dependencies beside a CUDA
 PyTorch (megatron-core for the dataset). ``--smoke`` runs the same path with the small overhead
 model on whatever device there is, to check the command.
 """
@@ -205,7 +207,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3, help="overhead: alternating runs of each")
     parser.add_argument("--intervals", default="50,10", help="overhead: checkpoint intervals to measure, in steps")
     parser.add_argument("--glibc-defaults", action="store_true", help="bare: leave malloc as glibc sets it up")
-    parser.add_argument("--micro-batch", type=int, default=4, help="gpu: sequences per micro-batch")
+    parser.add_argument("--micro-batch", type=int, default=8, help="gpu: sequences per micro-batch")
     parser.add_argument("--global-batch", type=int, default=16, help="gpu: sequences per step")
     parser.add_argument("--smoke", action="store_true", help="gpu: the small model, to check the command anywhere")
     args = parser.parse_args()

@@ -14,14 +14,18 @@ from pathlib import Path
 import pytest
 import torch
 
-from trainer.train.device import keep_freed_memory, process_group_backend
+from trainer.train.config import OptimConfig
+from trainer.train.device import fused_optimizer, keep_freed_memory, process_group_backend
+from trainer.train.optimizer import build_optimizer
 
 REPO = Path(__file__).resolve().parents[1]
 
 STEPS = """
 import json, resource, sys, torch
 from trainer.train.config import ModelConfig
-from trainer.train.device import keep_freed_memory, process_group_backend
+from trainer.train.config import OptimConfig
+from trainer.train.device import fused_optimizer, keep_freed_memory, process_group_backend
+from trainer.train.optimizer import build_optimizer
 from trainer.train.model import build
 
 if sys.argv[1] == "tuned":
@@ -105,3 +109,13 @@ def test_a_world_of_one_trains_on_its_device_not_where_the_model_was_built(tmp_p
     out = subprocess.run([sys.executable, "-c", PLACE, "meta", str(tmp_path / "rendezvous")], cwd=REPO, check=True,
                          capture_output=True, text=True)
     assert out.stdout.split() == ["False", "['meta']"]
+
+
+def test_cuda_ranks_update_with_fused_adamw_and_other_devices_with_foreach():
+    # Fused measured 598 -> 569 ms a step on an H100 (README); the CPU keeps foreach, the
+    # numerics of the bare loop the overhead benchmark compares against.
+    assert fused_optimizer(torch.device("cuda", 0)) and not fused_optimizer(torch.device("cpu"))
+    model = torch.nn.Linear(4, 4)
+    fused = build_optimizer(model, OptimConfig(lr=1e-3), fused=True)
+    plain = build_optimizer(model, OptimConfig(lr=1e-3), fused=False)
+    assert (fused.defaults["fused"], plain.defaults["foreach"]) == (True, True)

@@ -52,6 +52,14 @@ def compile_backend(device: torch.device) -> str:
     return "neuron" if device.type == "neuron" else "inductor"
 
 
+def fused_optimizer(device: torch.device) -> bool:
+    """AdamW as one fused kernel on CUDA, where PyTorch's fused kernel also takes FSDP2's and
+    tensor parallel's DTensors; foreach (a few kernels per parameter group) everywhere else, which
+    every device type has. The CPU keeps foreach: its results stay those of the bare reference
+    loop that benchmarks/train_benchmark.py compares against."""
+    return device.type == "cuda"
+
+
 def compute_dtype(device: torch.device, precision: str) -> torch.dtype:
     """bf16 on accelerators when asked; the CPU trains in fp32 (gloo, and no bf16 speed-up there)."""
     return torch.bfloat16 if precision == "bf16" and device.type != "cpu" else torch.float32

@@ -97,7 +97,7 @@ class Trainer:
         dtype = devices.compute_dtype(self.device, cfg.precision)
         self.autocast = torch.autocast(self.device.type, dtype=dtype, enabled=not self.sharded and dtype != torch.float32)
         self.params = [p for p in self.model.parameters() if p.requires_grad]
-        self.optimizer = build_optimizer(self.model, cfg.optim)
+        self.optimizer = build_optimizer(self.model, cfg.optim, fused=devices.fused_optimizer(self.device))
         self.scheduler = build_scheduler(self.optimizer, cfg.optim, cfg.steps)
 
         valid_samples = cfg.eval_iters * cfg.micro_batch_size * dp_size if cfg.evaluates else 0

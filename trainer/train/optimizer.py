@@ -9,16 +9,16 @@ import torch
 from trainer.train.config import OptimConfig
 
 
-def build_optimizer(model: torch.nn.Module, cfg: OptimConfig) -> torch.optim.AdamW:
+def build_optimizer(model: torch.nn.Module, cfg: OptimConfig, *, fused: bool = False) -> torch.optim.AdamW:
     """Weight decay on matrices only: norms, biases and other vectors are not decayed (as in
-    Megatron, torchtitan and nanoGPT)."""
+    Megatron, torchtitan and nanoGPT). ``fused``: one kernel for the whole update (the device
+    module decides where that exists), else foreach."""
     decayed, plain = [], []
     for param in model.parameters():
         if param.requires_grad:
             (decayed if param.ndim >= 2 else plain).append(param)
     groups = [{"params": decayed, "weight_decay": cfg.weight_decay}, {"params": plain, "weight_decay": 0.0}]
-    # foreach works on DTensors of every device type; fused kernels are device-specific.
-    return torch.optim.AdamW(groups, lr=cfg.lr, betas=cfg.betas, foreach=True)
+    return torch.optim.AdamW(groups, lr=cfg.lr, betas=cfg.betas, **({"fused": True} if fused else {"foreach": True}))
 
 
 def lr_at(step: int, cfg: OptimConfig, total_steps: int) -> float:
