@@ -23,9 +23,7 @@ REPO = Path(__file__).resolve().parents[1]
 STEPS = """
 import json, resource, sys, torch
 from trainer.train.config import ModelConfig
-from trainer.train.config import OptimConfig
-from trainer.train.device import fused_optimizer, keep_freed_memory, process_group_backend
-from trainer.train.optimizer import build_optimizer
+from trainer.train.device import keep_freed_memory
 from trainer.train.model import build
 
 if sys.argv[1] == "tuned":

@@ -18,7 +18,7 @@ def build_optimizer(model: torch.nn.Module, cfg: OptimConfig, *, fused: bool = F
         if param.requires_grad:
             (decayed if param.ndim >= 2 else plain).append(param)
     groups = [{"params": decayed, "weight_decay": cfg.weight_decay}, {"params": plain, "weight_decay": 0.0}]
-    return torch.optim.AdamW(groups, lr=cfg.lr, betas=cfg.betas, **({"fused": True} if fused else {"foreach": True}))
+    return torch.optim.AdamW(groups, lr=cfg.lr, betas=cfg.betas, fused=fused, foreach=not fused)
 
 
 def lr_at(step: int, cfg: OptimConfig, total_steps: int) -> float:
