@@ -1,7 +1,7 @@
 """Training logs of every backend as one metrics stream: ``{"step", "loss", "lr", ...}`` dicts.
 
 - NxDT: Lightning's TQDM progress bar, whose updates are separated by carriage returns
-  (``reduced_train_loss=13.40, lr=7.5e-9, global_step=1.000, ...``).
+  (``reduced_train_loss=13.40, lr=7.5e-9, global_step=1.000, ...``), global_step counting from 0.
 - NxD Llama examples: ``step 1 step_time 244.76s throughput 3.93 seq/s loss 13.41 grad norm 1.97``.
 - Megatron-LM: ``training_log``'s iteration line, with or without its timestamp prefix.
 - The native trainer: JSON lines with a ``step``; those with an ``event`` (checkpoint saved, step
@@ -55,7 +55,10 @@ def _nxdt(line: str, stream: MetricsStream) -> bool:
         return False
     pairs = dict(_NXDT_PAIR.findall(line.split("[", 1)[-1] if "[" in line else line))
     try:
-        step = int(float(pairs["global_step"]))
+        # Lightning's global_step before its increment: 0 during the first step, whose
+        # consumed_samples is already 1 x GBS (reference/nxdt.md §4.1). Steps count from 1, as
+        # Megatron-LM's iterations and the native trainer's do.
+        step = int(float(pairs["global_step"])) + 1
         metrics = {name: _number(pairs[key]) for key, name in NXDT_KEYS.items() if key in pairs}
     except (KeyError, ValueError):
         stream.skipped += 1

@@ -253,6 +253,13 @@ class MegatronLMSpec(Restarts):
                                     "have not advanced for this long (the first run builds the dataset's index first).")
     container_image: str | None = Field(None, description="pyxis/enroot image with Megatron-LM.")
     container_mounts: list[str] = Field(default_factory=list, description="'SRC:DST' mounts.")
+    lr_decay_samples: int | None = Field(None, gt=0, description="--lr-decay-samples for sample-based "
+                                         "training; default training.train_samples.")
+    lr_warmup_samples: int | None = Field(None, ge=0, description="--lr-warmup-samples for sample-based "
+                                          "training; default training.warmup_steps x global batch.")
+    init_method_std: float = Field(0.02, gt=0, description="--init-method-std (Megatron's default 0.02).")
+    recompute_activations: bool = Field(False, description="--recompute-activations: selective recomputation "
+                                        "of the attention core.")
 
 
 class NativeSpec(Restarts):

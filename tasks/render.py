@@ -34,6 +34,10 @@ def _shell(argv: list[str]) -> str:
     return shell_line(argv) + "\n"
 
 
+def _exports(env: dict[str, str]) -> str:
+    return "".join(f"export {k}={v}\n" for k, v in env.items())
+
+
 def _sbatch(spec: PretrainSpec, name: str, cluster: SlurmCluster) -> str:
     """The batch script submitit will write for the training job on this cluster."""
     request = JobRequest(name, Command(["true"]), time_limit_min=spec.cluster.time_limit_min,
@@ -60,7 +64,7 @@ def render_files(spec: PretrainSpec, cluster: SlurmCluster | None = None) -> dic
             files["convert.sh"] = _shell(convert_command(spec, spec.model.init_from, CONVERTED))
         data = DATASET if spec.model.family == "llama" else f"{DATASET}/data_text_document"
         files["nxdt_config.yaml"] = yaml.safe_dump(nxdt.nxdt_config(spec, data, init), sort_keys=False)
-        files["train_env.sh"] = "".join(f"export {k}={v}\n" for k, v in nxdt.train_environment().items())
+        files["train_env.sh"] = _exports(nxdt.train_environment())
         files["torchrun.sh"] = _shell(nxdt.torchrun_command(spec, CONFIG_NAME))
         files["precompile.sh"] = precompile_script(spec, f"{PRECOMPILE_DIR}/conf", f"{PRECOMPILE_DIR}/attempt",
                                                    retry_failed=False)
@@ -69,10 +73,11 @@ def render_files(spec: PretrainSpec, cluster: SlurmCluster | None = None) -> dic
         # the tokenizer's end-of-document id is looked up when the run is submitted
         config = native.train_config(spec, dataset=f"{DATASET}/data_text_document", run_dir=TRAIN_RUN, eod_id=0)
         files["train.json"] = json.dumps(config, indent=2) + "\n"
-        files["train_env.sh"] = "".join(f"export {k}={v}\n" for k, v in native.environment(spec).items())
+        files["train_env.sh"] = _exports(native.environment(spec))
         files["torchrun.sh"] = _shell(native.torchrun_command(spec, f"{TRAIN_RUN}/train.json",
                                                               f"{TRAIN_RUN}/record.json"))
     elif spec.backend.kind == "megatron-lm":
+        files["train_env.sh"] = _exports(megatron_lm.environment())
         files["torchrun.sh"] = _shell(megatron_lm.torchrun_command(spec, f"{DATASET}/data_text_document", CHECKPOINTS))
         cluster = in_container(cluster, spec)
     files["sbatch_train.sh"] = _sbatch(spec, f"{spec.name}-train", cluster)

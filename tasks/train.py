@@ -129,10 +129,13 @@ class Attempts:
 
     history: list[dict[str, Any]] = field(default_factory=list)
     excluded: set[str] = field(default_factory=set)
+    reason: str = ""  # what the trainer said, when it said why it stopped
 
     def failure(self) -> TrainingFailed:
-        return TrainingFailed(f"training did not finish after {len(self.history)} attempt(s): "
-                              + "; ".join(a["outcome"] for a in self.history))
+        outcomes = "; ".join(a["outcome"] for a in self.history)
+        if self.reason:
+            return TrainingFailed(f"{self.reason}. Attempts: {outcomes}")
+        return TrainingFailed(f"training did not finish after {len(self.history)} attempt(s): {outcomes}")
 
 
 COMPLETED = "completed"  # the outcome of an attempt whose job ended well
@@ -230,8 +233,11 @@ def train(spec: PretrainSpec, dataset: str, data_dir: str, nodelist: list[str] |
     def record() -> dict[str, Any] | None:
         return json.loads(record_path.read_text()) if record_path.exists() else None
 
+    # A failed record ends the attempts too: a resubmission would meet the same failure.
     attempts = run_attempts(spec, cluster, follower, n.max_restarts, prepare,
-                            finished=lambda outcome: (record() or {}).get("status") == "finished")
+                            finished=lambda outcome: (record() or {}).get("status") in ("finished", "failed"))
     final = record() or {}
+    if final.get("status") == "failed":
+        attempts.reason = f"the trainer stopped: {final['reason']} (not resubmitted: a new attempt would meet it again)"
     return finish_run(spec, follower, attempts, final.get("status") == "finished",
                       native_compile_rows(record_path) if n.compile else [], **final, run_dir=str(directory))

@@ -33,7 +33,8 @@ def node_command(spec: PretrainSpec, dataset: str, run: Path) -> Command:
     """Each node's torchrun line, its output kept in the run directory (pipefail: the line's
     exit status is torchrun's, not tee's)."""
     line = shell_line(megatron_lm.torchrun_command(spec, dataset, str(run / "checkpoints")))
-    return Command(["bash", "-c", f"set -o pipefail; {line} 2>&1 | tee -a {shlex.quote(str(run))}/node-$NODE_RANK.log"])
+    return Command(["bash", "-c", f"set -o pipefail; {line} 2>&1 | tee -a {shlex.quote(str(run))}/node-$NODE_RANK.log"],
+                   env=megatron_lm.environment())
 
 
 def in_container(cluster: SlurmCluster, spec: PretrainSpec) -> SlurmCluster:

@@ -26,10 +26,13 @@ def test_nxdt_progress_bar_updates_split_on_carriage_returns():
                                                                                "reduced_train_loss=6.500")
     stream = parse_log("\r".join([NXDT_NEW, NXDT_NEW, second]) + "\n" + NXDT_OLD)
     points = stream.as_list()
-    assert [p["step"] for p in points] == [1, 2]
+    # global_step counts from 0: global_step=1 is the second step, and the 70B line's
+    # consumed_samples (global batch 1024) says so too.
+    assert [p["step"] for p in points] == [2, 3]
+    assert points[0]["consumed_samples"] / 1024 == points[0]["step"]
     assert points[1]["loss"] == 6.5 and points[1]["grad_norm"] == 8.6 and points[1]["param_norm"] == 1950.0
-    assert points[0]["loss"] == 13.40  # the older line for step 1 came last and wins
-    assert points[0]["consumed_samples"] == 2048.0 and points[0]["lr"] == 7.5e-9
+    assert points[0]["loss"] == 13.40  # the older line for the same step came last and wins
+    assert points[0]["lr"] == 7.5e-9
     assert stream.skipped == 0
 
 

@@ -3,7 +3,12 @@
 from __future__ import annotations
 
 from pretrain.presets import load_spec
-from trainer.launch.megatron_lm import pretrain_gpt_args, srun_container_args, torchrun_command
+from blocks.cluster import SlurmCluster
+from tasks.render import render_files
+from pretrain.command import Command
+from tasks.slurm import JobRequest, slurm_parameters
+from tasks.train_megatron import in_container
+from trainer.launch.megatron_lm import pretrain_gpt_args, torchrun_command
 
 
 def flags(args: list[str]) -> dict[str, str | bool]:
@@ -25,8 +30,17 @@ def test_published_gpt3_7_5b_values():
                 "--micro-batch-size": "1", "--global-batch-size": "288", "--sequence-parallel": True, "--bf16": True,
                 "--data-path": "/fsx/gpt2_text_document", "--split": "98,2,0", "--eval-iters": "40"}
     assert {k: args.get(k) for k in expected} == expected
-    # samples-based training takes samples-based warmup and decay, never iteration-based ones
-    assert args["--train-samples"] == "146484375" and "--lr-warmup-iters" not in args and "--train-iters" not in args
+    # The runbooks' schedule (ParallelCluster / HyperPod distributed-training.sbatch, EKS
+    # pytorchjob): samples-based training with samples-based warmup and decay, never iteration-based.
+    schedule = {"--train-samples": "146484375", "--lr-decay-samples": "126953125", "--lr-warmup-samples": "183105",
+                "--lr": "6e-05", "--min-lr": "6e-06", "--lr-decay-style": "cosine", "--log-interval": "1",
+                "--eval-interval": "1000", "--clip-grad": "1.0", "--weight-decay": "0.1", "--adam-beta1": "0.9",
+                "--adam-beta2": "0.95", "--init-method-std": "0.006", "--recompute-activations": True,
+                "--vocab-file": "https://s3.amazonaws.com/models.huggingface.co/bert/gpt2-vocab.json",
+                "--merge-file": "https://s3.amazonaws.com/models.huggingface.co/bert/gpt2-merges.txt",
+                "--tokenizer-type": "GPT2BPETokenizer"}
+    assert {k: args.get(k) for k in schedule} == schedule
+    assert "--lr-warmup-iters" not in args and "--train-iters" not in args and "--lr-decay-iters" not in args
 
 
 def test_benchmark_mode_evaluates_nothing_and_iterations_mode():
@@ -41,7 +55,11 @@ def test_torchrun_in_the_pyxis_container():
     spec = load_spec("gpt3-7.5b-gpu")
     line = torchrun_command(spec, "/d", "/c")
     assert line[:3] == ["torchrun", "--nproc_per_node", "8"] and "$NODE_RANK" in line
-    assert srun_container_args(spec) == ["--container-image=nvcr.io/nvidia/pytorch:24.09-py3",
-                                         "--container-mounts=/fsx:/fsx"]
+    cluster = in_container(SlurmCluster(executor="slurm"), spec)
+    assert slurm_parameters(cluster, JobRequest("t", Command(["true"]), time_limit_min=5))["srun_args"] == [
+        "--container-image=nvcr.io/nvidia/pytorch:24.09-py3", "--container-mounts=/fsx:/fsx"]
+    files = render_files(spec)
+    assert "--container-image=nvcr.io/nvidia/pytorch:24.09-py3" in files["sbatch_train.sh"]
+    assert files["train_env.sh"] == "export CUDA_DEVICE_MAX_CONNECTIONS=1\n"
     smaller = flags(pretrain_gpt_args(load_spec("gpt3-7.5b-gpu", ["model.size=1.7B"]), "/d", "/c"))
     assert (smaller["--num-layers"], smaller["--hidden-size"], smaller["--num-attention-heads"]) == ("24", "2304", "24")

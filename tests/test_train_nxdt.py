@@ -85,7 +85,7 @@ def test_a_resubmitted_job_resumes_from_the_newest_complete_checkpoint(spec, tmp
 
 
 NXDT = ("Epoch 0:   3%|▎         | {step}/91 [16:05<7:52:06, 321.89s/it, loss=6.7, v_num=2, "
-        "reduced_train_loss={loss}, lr=7.5e-9, parameter_norm=5536.0, global_step={step}.000, "
+        "reduced_train_loss={loss}, lr=7.5e-9, parameter_norm=5536.0, global_step={global_step}.000, "
         "consumed_samples={samples}.0]")
 
 
@@ -96,8 +96,8 @@ def test_node_zeros_progress_bar_is_the_metrics_stream_as_it_grows(spec, tmp_pat
     follower = MetricsFollower(spec, log, total_steps=91, hang_timeout_s=60)
     follower.read()  # no log yet: the job is still queued
     with open(log, "w") as out:
-        out.write("Compiler status PASS\n" + NXDT.format(step=1, loss=13.40, samples=1024) + "\r")
-        half = NXDT.format(step=2, loss=12.10, samples=2048)
+        out.write("Compiler status PASS\n" + NXDT.format(step=1, global_step=0, loss=13.40, samples=1024) + "\r")
+        half = NXDT.format(step=2, global_step=1, loss=12.10, samples=2048)
         out.write(half[:40])
         out.flush()
         follower.read()

@@ -342,3 +342,20 @@ def test_hung_run_is_cancelled_and_resubmitted_but_a_queued_job_is_not_hung(corp
     # and exited within KillWait; the next job resumed there.
     (stopped,) = events(records, "stopped")
     assert stopped["signal"] == "SIGTERM" and result["resumed_from"] == stopped["step"] >= fault.at_step
+
+
+def test_a_diverged_run_fails_at_once_with_the_trainers_reason(corpus, tmp_path, clean_queue):
+    """A loss that is not finite step after step would diverge again in every resubmission: the
+    task stops after the first job, and the flow's message says why, not just torchrun's exit 1."""
+    name = "diverged"
+    clean_queue.append(f"{name}-train")
+    overrides = overrides_for(name, tmp_path, corpus, "training.lr=1e6", "training.min_lr=0",
+                              "training.warmup_steps=0", "backend.native.max_nan_steps_in_a_row=2",
+                              "backend.native.max_restarts=3")
+    state = train_only(overrides, corpus.dataset, corpus.data_dir, return_state=True)
+    assert state.is_failed()
+    message = str(state.message)
+    assert "the trainer stopped: loss or gradient norm was not finite for 2 steps in a row" in message, message
+    assert "not resubmitted" in message and message.count("FAILED: ") == 1, message
+    (run_dir,) = (tmp_path / "train").glob("train-*")
+    assert_nothing_left(f"{name}-train", run_dir / "train.json")

@@ -5,13 +5,16 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 from pathlib import Path
 
 
 def emit(record: dict, path: str | None = None) -> None:
     line = json.dumps(record)
     if path:
-        tmp = Path(f"{path}.tmp")
+        # Several processes may write the same record (every rank of a failed run): each its own
+        # temporary file, so that every rename finds one.
+        tmp = Path(f"{path}.{socket.gethostname()}-{os.getpid()}.tmp")
         tmp.write_text(line + "\n")
         os.replace(tmp, path)
     print(line)

@@ -3,7 +3,7 @@ that runs inside the pyxis container (the ParallelCluster / HyperPod / EKS GPT-3
 
 from __future__ import annotations
 
-from pretrain.spec import PretrainSpec
+from pretrain.spec import MegatronLMSpec, PretrainSpec
 
 MASTER_PORT = 29500
 PRETRAIN_GPT = "/workspace/Megatron-LM/pretrain_gpt.py"
@@ -13,6 +13,7 @@ def pretrain_gpt_args(spec: PretrainSpec, data_prefix: str, checkpoint_dir: str)
     """The arguments, in the runbooks' order of concerns: model, parallelism, batch and schedule,
     data, logging and checkpoints. Benchmark mode evaluates nothing (split 100,0,0)."""
     m, p, t, tok = spec.model, spec.parallel, spec.training, spec.tokenizer
+    mlm = spec.backend.megatron_lm or MegatronLMSpec()
     args = ["--num-layers", str(m.num_layers), "--hidden-size", str(m.hidden_size),
             "--num-attention-heads", str(m.num_attention_heads), "--seq-length", str(m.seq_length),
             "--max-position-embeddings", str(m.max_position_embeddings),
@@ -21,7 +22,7 @@ def pretrain_gpt_args(spec: PretrainSpec, data_prefix: str, checkpoint_dir: str)
             "--lr", str(t.lr), "--min-lr", str(t.min_lr), "--lr-decay-style", t.lr_decay_style,
             "--clip-grad", str(t.grad_clip), "--weight-decay", str(t.weight_decay),
             "--adam-beta1", str(t.adam_betas[0]), "--adam-beta2", str(t.adam_betas[1]),
-            "--seed", str(t.seed)]
+            "--init-method-std", str(mlm.init_method_std), "--seed", str(t.seed)]
     if m.num_kv_heads and m.num_kv_heads != m.num_attention_heads:
         args += ["--group-query-attention", "--num-query-groups", str(m.num_kv_heads)]
     if p.sequence_parallel:
@@ -30,13 +31,17 @@ def pretrain_gpt_args(spec: PretrainSpec, data_prefix: str, checkpoint_dir: str)
         args += ["--context-parallel-size", str(p.cp)]
     if t.train_samples:
         # Sample-based training needs sample-based warmup and decay (Megatron asserts it).
-        args += ["--train-samples", str(t.train_samples), "--lr-decay-samples", str(t.train_samples),
-                 "--lr-warmup-samples", str(t.warmup_steps * t.global_batch_size)]
+        warmup = t.warmup_steps * t.global_batch_size if mlm.lr_warmup_samples is None else mlm.lr_warmup_samples
+        args += ["--train-samples", str(t.train_samples),
+                 "--lr-decay-samples", str(mlm.lr_decay_samples or t.train_samples),
+                 "--lr-warmup-samples", str(warmup)]
     else:
         args += ["--train-iters", str(t.train_steps), "--lr-decay-iters", str(t.train_steps),
                  "--lr-warmup-iters", str(t.warmup_steps)]
     if t.precision == "bf16":
         args.append("--bf16")
+    if mlm.recompute_activations:
+        args.append("--recompute-activations")
     split, eval_iters = ("100,0,0", 0) if t.benchmark else (spec.data.split, t.eval_iters)
     args += ["--data-path", data_prefix, "--split", split, "--tokenizer-type", "GPT2BPETokenizer",
              "--vocab-file", tok.vocab_file or "", "--merge-file", tok.merges_file or "",
@@ -45,19 +50,15 @@ def pretrain_gpt_args(spec: PretrainSpec, data_prefix: str, checkpoint_dir: str)
     return args
 
 
+def environment() -> dict[str, str]:
+    """What the runbooks export before the launch: one hardware queue per GPU, so a tensor-parallel
+    communication kernel is scheduled ahead of the compute it overlaps (Megatron-LM asks for it
+    under tensor and sequence parallelism)."""
+    return {"CUDA_DEVICE_MAX_CONNECTIONS": "1"}
+
+
 def torchrun_command(spec: PretrainSpec, data_prefix: str, checkpoint_dir: str) -> list[str]:
     """One line per node; $NNODES, $NODE_RANK and $MASTER_ADDR come from the Slurm environment."""
     return ["torchrun", "--nproc_per_node", str(spec.cluster.devices_per_node), "--nnodes", "$NNODES",
             "--node_rank", "$NODE_RANK", "--master_addr", "$MASTER_ADDR", "--master_port", str(MASTER_PORT),
             PRETRAIN_GPT, *pretrain_gpt_args(spec, data_prefix, checkpoint_dir)]
-
-
-def srun_container_args(spec: PretrainSpec) -> list[str]:
-    """pyxis flags for srun, from the spec's Megatron-LM settings."""
-    settings = spec.backend.megatron_lm
-    if settings is None or not settings.container_image:
-        return []
-    args = [f"--container-image={settings.container_image}"]
-    if settings.container_mounts:
-        args.append(f"--container-mounts={','.join(settings.container_mounts)}")
-    return args

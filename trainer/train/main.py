@@ -2,6 +2,11 @@
 
 Exit status: 0 finished, 2 bad config or bad input (data, init_from), 3 stopped on a signal after saving a checkpoint
 (resumable: run the same command again), 1 failed.
+
+torchrun reports every failed rank as exit status 1, so a failure that running the job again would
+meet again (bad input, a diverged loss, a damaged checkpoint, a full disk) also leaves a record
+``{"status": "failed", "reason": ...}``: the control plane stops on it instead of resubmitting,
+and names the reason.
 """
 
 from __future__ import annotations
@@ -12,8 +17,11 @@ import socket
 import sys
 
 from trainer import records
+from trainer.train.checkpoint import CheckpointError
 from trainer.train.config import TrainConfig
-from trainer.train.loop import EXIT_STOPPED, Trainer
+from trainer.train.loop import EXIT_STOPPED, NonFiniteLoss, Trainer
+
+EXIT_BAD_INPUT = 2
 
 
 def compile_counts() -> dict[str, int]:
@@ -26,6 +34,15 @@ def compile_counts() -> dict[str, int]:
             "cache_misses": int(counters["inductor"]["fxgraph_cache_miss"])}
 
 
+def failed(exc: Exception, record: str | None, status: int) -> int:
+    """Every rank meets these (the config, the data and the loss are the same everywhere; a
+    checkpoint error may be one rank's): whichever writes last, the record names a reason."""
+    print(f"error: {exc}", file=sys.stderr)
+    if record:
+        records.emit({"status": "failed", "reason": str(exc)}, record)
+    return status
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m trainer train")
     parser.add_argument("--config", required=True, help="the trainer config (JSON) rendered from the spec")
@@ -33,16 +50,13 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     try:
         cfg = TrainConfig.from_file(args.config)
-    except (ValueError, FileNotFoundError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    try:
         trainer = Trainer(cfg)
-    except (ValueError, FileNotFoundError) as exc:  # inputs the config points at: data, init_from
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    except (ValueError, FileNotFoundError) as exc:  # the config, or inputs it points at: data, init_from
+        return failed(exc, args.record, EXIT_BAD_INPUT)
     try:
         result = trainer.train()
+    except (NonFiniteLoss, CheckpointError) as exc:
+        return failed(exc, args.record, 1)
     finally:
         trainer.close()
     if cfg.parallel.compile and args.record and os.environ.get("LOCAL_RANK", "0") == "0":
