@@ -36,6 +36,20 @@ def file_sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
+def sampled_digest(path: Path, samples: int = 16, chunk: int = 64 << 10) -> str:
+    """sha256 of ``samples`` chunks spread evenly over the file, first and last included: for
+    content too large to read whole on every run (a 140 GB checkpoint). Two trainings of one
+    architecture differ in every chunk, so a fine-tune or a checkpoint replaced in place gets
+    another key, at a cost of ``samples`` reads."""
+    size = path.stat().st_size
+    digest = hashlib.sha256(str(size).encode())
+    with open(path, "rb") as f:
+        for i in range(samples):
+            f.seek(max(0, size - chunk) * i // max(1, samples - 1))
+            digest.update(f.read(chunk))
+    return digest.hexdigest()
+
+
 def code_version() -> str:
     """The git commit of the code that produced an output, or the package version outside git."""
     here = Path(__file__).resolve().parent

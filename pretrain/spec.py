@@ -404,6 +404,14 @@ class PretrainSpec(Strict):
                     f"model.num_kv_heads={kv} x parallel.kv_replicator={p.kv_replicator} is not "
                     f"divisible by parallel.tp={p.tp}: set parallel.kv_replicator to one of {need}"
                     if need else f"model.num_kv_heads={kv} cannot be spread over parallel.tp={p.tp}")
+            if self.model.init_from and p.kv_replicator > 1 and kv * p.kv_replicator != p.tp:
+                # The converter's own limit (trainer/nxdt_layout.py), caught before anything is queued.
+                fix = (f"set parallel.kv_replicator={p.tp // kv}" if p.tp % kv == 0
+                       else "set parallel.kv_replicator=1")
+                raise ValueError(
+                    f"model.init_from with parallel.kv_replicator={p.kv_replicator}: the converter gives each rank "
+                    f"one replicated KV head, so model.num_kv_heads={kv} x kv_replicator must equal "
+                    f"parallel.tp={p.tp}; {fix}")
         else:
             if p.kv_replicator != 1:
                 raise ValueError("parallel.kv_replicator is an NxD setting; set it to 1 for "

@@ -1,6 +1,7 @@
 """convert: the spec's Hugging Face checkpoint into NxD Training's sharded layout, as a Slurm job
-on one node. The output key is the source's fingerprint (file names and sizes, config.json) plus
-the layout, so a second run with the same checkpoint and layout submits nothing."""
+on one node. The output key is the source's fingerprint (config.json, the weight files' names,
+sizes and sampled contents) plus the layout, so a second run with the same checkpoint and layout
+submits nothing, and another checkpoint of the same architecture is converted afresh."""
 
 from __future__ import annotations
 
@@ -22,9 +23,13 @@ CONVERT_FORMAT = 1
 
 
 def source_fingerprint(source: Path) -> dict:
-    """Cheap and sufficient: config.json and the names and sizes of the weight files."""
+    """config.json and, per weight file, its name, modification time and a digest of its size and
+    sampled contents: names and sizes alone are the same for every checkpoint of one architecture.
+    The time catches weights rewritten in place; the samples, another training's weights copied
+    with their times kept."""
     files = sorted(p for p in source.iterdir() if p.suffix == ".safetensors" or p.name.endswith(".index.json"))
-    return {"config": (source / "config.json").read_text(), "files": [(p.name, p.stat().st_size) for p in files]}
+    return {"config": (source / "config.json").read_text(),
+            "files": [(p.name, p.stat().st_mtime_ns, manifest.sampled_digest(p)) for p in files]}
 
 
 @task(name="convert", retries=1, retry_delay_seconds=10, retry_condition_fn=retryable)

@@ -195,6 +195,13 @@ def test_bad_inputs_are_named_and_leave_nothing_behind(hf_model, tmp_path):
     assert out.returncode == 2 and "--overwrite" in out.stderr
     assert [p.name for p in existing.iterdir()] == ["keep.txt"]
     assert not list(tmp_path.glob("*.partial"))
+    # Asked to overwrite, a conversion that fails keeps the old output whole; one that succeeds
+    # replaces it and leaves nothing beside it.
+    out = convert("hf-to-nxdt", "--input", str(missing), "--output", str(existing), *base, "--overwrite", check=False)
+    assert out.returncode == 2 and [p.name for p in existing.iterdir()] == ["keep.txt"]
+    convert("hf-to-nxdt", "--input", str(src), "--output", str(existing), *base, "--overwrite")
+    assert sorted(p.name for p in existing.iterdir()) == ["model"]
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("existing")) == ["existing"]
 
     model_dir = to_nxdt(src, tmp_path / "good", "trn1")
     shard = model_dir / "dp_rank_00_tp_rank_01_pp_rank_01.pt"

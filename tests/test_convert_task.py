@@ -4,15 +4,17 @@ happen), run as a Slurm job, content-addressed, verified."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import load_file, save_file
 from prefect import flow
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from pretrain.presets import load_spec
-from tasks.convert import convert
+from tasks.convert import convert, source_fingerprint
 from trainer.launch.convert_command import convert_flags
 
 
@@ -63,3 +65,25 @@ def test_convert_task_runs_on_slurm_and_is_reused(local_stack, tiny_hf, tmp_path
     assert "model.layers.0.self_attn.qkv_proj.weight_qkv" in first
     again = convert_once(spec, return_state=True)
     assert again.result() == state.result()
+
+
+def test_another_checkpoint_of_the_same_shape_is_converted_afresh(tiny_hf, tmp_path):
+    """A fine-tune, or new weights saved over the old ones, has the same config, file names and
+    sizes: the fingerprint must still tell them apart, or the flow would serve the old conversion."""
+    weights = tiny_hf / "model.safetensors"
+    before = source_fingerprint(tiny_hf)
+    assert source_fingerprint(tiny_hf) == before
+    # One tensor rewritten in place.
+    tensors = load_file(weights)
+    name = "model.layers.1.mlp.down_proj.weight"
+    tensors[name] = tensors[name] * 1.01
+    save_file(tensors, weights, metadata={"format": "pt"})
+    rewritten = source_fingerprint(tiny_hf)
+    assert rewritten["files"] != before["files"]
+    # Another training of the same architecture, copied over with the old file's times kept
+    # (cp -p, rsync -t): only the contents differ.
+    stat = weights.stat()
+    save_file({k: torch.randn_like(v) for k, v in tensors.items()}, weights, metadata={"format": "pt"})
+    os.utime(weights, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    assert weights.stat().st_size == stat.st_size
+    assert source_fingerprint(tiny_hf)["files"] != rewritten["files"]

@@ -271,9 +271,17 @@ def verify(source: HFCheckpoint, model_dir: Path, layout: NxdtLayout) -> dict:
 
 
 def _replace_output(output: Path, staging: Path) -> None:
-    if output.exists():
-        shutil.rmtree(output)  # empty, or --overwrite was given: main checked before any work
+    """The old output (empty, or --overwrite was given: main checked before any work) is moved
+    aside before the new one takes its name, and deleted only then: at every moment one
+    complete output is there under its name or beside it."""
+    if not output.exists():
+        os.replace(staging, output)
+        return
+    old = output.with_name(output.name + ".replaced")
+    shutil.rmtree(old, ignore_errors=True)
+    os.replace(output, old)
     os.replace(staging, output)
+    shutil.rmtree(old)
 
 
 def parser() -> argparse.ArgumentParser:
