@@ -73,10 +73,10 @@ def test_kv_replication_constraints():
     assert "kv_replicator is an NxD setting" in rejected("tiny-local", "parallel.kv_replicator=2")
     # NxD runs two replicated KV heads a rank, but converted weights give each rank one: a run
     # from HF weights is refused here, not in the convert job hours later.
-    message = rejected("llama3-70b", "parallel.kv_replicator=8")
+    message = rejected("llama3-70b", "parallel.kv_replicator=8", "model.init_from=/fsx/Meta-Llama-3-70B")
     assert "model.num_kv_heads=8 x kv_replicator must equal parallel.tp=32" in message
     assert "set parallel.kv_replicator=4" in message
-    assert load_spec("llama3-70b", ["parallel.kv_replicator=8", "model.init_from=null"]).parallel.kv_replicator == 8
+    assert load_spec("llama3-70b", ["parallel.kv_replicator=8"]).parallel.kv_replicator == 8
 
 
 def test_eval_iterations_with_zero_validation_split():
