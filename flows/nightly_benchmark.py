@@ -17,7 +17,7 @@ from prefect.runtime import flow_run
 from flows.pretrain import run_stages
 from pretrain.benchmark import check_thresholds, record_from_run
 from pretrain.presets import load_spec
-from tasks.benchmark import judge
+from tasks.benchmark import history_for, judge
 from tasks.slurm import FlowRunCancelled
 
 
@@ -46,6 +46,8 @@ def nightly_benchmark(preset: str = "tiny-local", overrides: list[str] | None = 
     if spec.backend.kind != "native":
         raise ValueError(f"preset {preset!r} uses the {spec.backend.kind} backend; the nightly benchmark trains "
                          "with the native backend (the one the pipeline runs end to end)")
+    # A history block that does not exist fails the run now, not after the pipeline has run.
+    history_for(history, spec.paths.root)
     try:
         outputs, seconds = run_stages(spec)
     except FlowRunCancelled as cancelled:

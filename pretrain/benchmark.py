@@ -164,8 +164,10 @@ class History:
     def _dir(self, spec_name: str) -> str:
         return posixpath.join(self.root, spec_name)
 
-    def load(self, spec_name: str, fingerprint: str) -> list[BenchmarkRecord]:
-        """Earlier records of this configuration, oldest first; unreadable files are skipped."""
+    def load(self, spec_name: str, fingerprint: str, other_than: str | None = None) -> list[BenchmarkRecord]:
+        """Earlier records of this configuration, oldest first; unreadable files are skipped.
+        ``other_than``: leave out this flow run's own record (written by an attempt of the task
+        that a retry repeats), so that a run never joins its own baseline."""
         directory = self._dir(spec_name)
         if not self.fs.exists(directory):
             return []
@@ -175,7 +177,7 @@ class History:
                 record = BenchmarkRecord(**json.loads(self.fs.cat_file(path)))
             except (ValueError, TypeError):
                 continue  # a foreign or damaged file must not stop the nightly run
-            if record.fingerprint == fingerprint:
+            if record.fingerprint == fingerprint and record.flow_run_id != other_than:
                 records.append(record)
         return sorted(records, key=lambda r: r.started)
 

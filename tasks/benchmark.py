@@ -28,7 +28,7 @@ def judge(record: BenchmarkRecord, location: str | None, default_root: str, wind
     """Compare ``record`` with the median of the last ``window`` passing runs, store it with its
     verdict, and publish this run against the baseline (table) and the trend (chart)."""
     history = history_for(location, default_root)
-    earlier = history.load(record.spec_name, record.fingerprint)
+    earlier = history.load(record.spec_name, record.fingerprint, other_than=record.flow_run_id)
     base, base_runs = baseline(earlier, window)
     comparisons = compare(record, base, thresholds)
     record.regressions = [c.metric for c in comparisons if c.regressed]

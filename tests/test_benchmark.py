@@ -114,6 +114,8 @@ def test_history_round_trip_keeps_only_the_same_configuration(where, tmp_path, s
     loaded = history.load("tiny-local", "f" * 16)
     assert [r.started for r in loaded] == [first.started, second.started]
     assert loaded[1].passed is False and loaded[0].metrics == first.metrics
+    # A retry of the judging task finds its run's own record: it is not its own baseline.
+    assert [r.started for r in history.load("tiny-local", "f" * 16, other_than=first.flow_run_id)] == [second.started]
     if where == "file":
         # a damaged file beside the records is skipped, never fatal; no temporary file is left
         (tmp_path / "benchmarks" / "tiny-local" / "broken.json").write_text("{not json")
@@ -131,3 +133,12 @@ def test_trend_chart_draws_one_value_per_run():
     line = next(s for s in chart.splitlines() if s.strip().startswith("line"))
     assert [float(v) for v in line.strip()[len("line ["):-1].split(",")] == [100, 101, 102, 103]
     assert trend_chart(runs, "mfu_pct") == ""
+
+
+def test_a_history_block_that_does_not_exist_fails_before_any_stage_runs(local_stack, tmp_path):
+    from flows.nightly_benchmark import nightly_benchmark
+
+    state = nightly_benchmark(preset="tiny-local", overrides=[f"paths.root={tmp_path}"], steps=2,
+                              history="no-such-history-block", return_state=True)
+    assert state.is_failed() and "no-such-history-block" in str(state.message), state.message
+    assert not (tmp_path / "fetch").exists()  # nothing was fetched, let alone trained
