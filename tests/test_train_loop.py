@@ -469,12 +469,21 @@ def test_export_loads_in_transformers_and_continues_pretraining(corpus, baseline
 
     trained = losses(baseline)
     fresh_first, final = trained[1], trained[STEPS]
+    # A checkpoint whose config.json says more than the spec does (Llama 3's norm epsilon and
+    # special tokens): training continues with it, and the export says it again.
+    source = tmp_path / "source"
+    shutil.copytree(hf, source)
+    config = json.loads((source / "config.json").read_text())
+    config.update(rms_norm_eps=1e-5, bos_token_id=5, eos_token_id=6)
+    (source / "config.json").write_text(json.dumps(config))
     run = tmp_path / "continued"
-    write_config(run, train_config(run, corpus, steps=2, export_hf=None, model={"init_from": str(hf)}))
+    write_config(run, train_config(run, corpus, steps=2, export_hf=str(run / "hf"), model={"init_from": str(source)}))
     assert_finished(train(run))
     first = losses(run)[1]
     assert abs(first - final) < 0.5, (first, final)
     assert first < fresh_first - 2.0, (first, fresh_first)
+    exported = json.loads((run / "hf" / "config.json").read_text())
+    assert (exported["rms_norm_eps"], exported["bos_token_id"], exported["eos_token_id"]) == (1e-5, 5, 6)
 
 
 # ----------------------------------------------------------------------- tensor parallel

@@ -253,7 +253,7 @@ class Trainer:
 
         full = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
         if self.rank == 0:
-            models.export(self.cfg.model, full, self.cfg.export_hf)
+            models.export(self.model.config, full, self.cfg.export_hf)
         dist.barrier()
 
     def close(self) -> None:

@@ -17,9 +17,9 @@ from trainer.train.config import ModelConfig
 # config.json keys that must agree with the spec when weights come from a checkpoint.
 _LLAMA_KEYS = {"num_hidden_layers": "num_layers", "hidden_size": "hidden_size", "intermediate_size": "ffn_hidden_size",
                "num_attention_heads": "num_attention_heads", "num_key_value_heads": "kv_heads",
-               "vocab_size": "vocab_size"}
+               "vocab_size": "vocab_size", "max_position_embeddings": "max_position_embeddings"}
 _GPT_KEYS = {"n_layer": "num_layers", "n_embd": "hidden_size", "n_head": "num_attention_heads",
-             "vocab_size": "vocab_size", "n_inner": "ffn_hidden_size"}
+             "vocab_size": "vocab_size", "n_inner": "ffn_hidden_size", "n_positions": "max_position_embeddings"}
 
 
 def hf_config(cfg: ModelConfig) -> PretrainedConfig:
@@ -65,14 +65,16 @@ def build(cfg: ModelConfig, seed: int) -> torch.nn.Module:
     return AutoModelForCausalLM.from_config(hf_config(cfg), dtype=torch.float32, attn_implementation="sdpa")
 
 
-def export(cfg: ModelConfig, full_state: dict[str, torch.Tensor], out: str) -> None:
+def export(config: PretrainedConfig, full_state: dict[str, torch.Tensor], out: str) -> None:
     """Write HF safetensors + config.json to ``out`` through a temporary directory, so ``out``
-    never holds a half-written model."""
+    never holds a half-written model. ``config`` is the trained model's own: for continual
+    pre-training, the checkpoint's, with the keys the spec does not describe (norm epsilon,
+    RoPE base, special token ids) as the weights were trained with them."""
     target = Path(out).expanduser()
     staging = target.with_name(f".{target.name}.partial")
     shutil.rmtree(staging, ignore_errors=True)
     with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(hf_config(cfg), dtype=torch.float32)
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     model.load_state_dict(full_state, assign=True)
     model.save_pretrained(staging, safe_serialization=True)
     if target.exists():
