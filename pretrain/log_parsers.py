@@ -37,6 +37,7 @@ _NXD_LINE = re.compile(r"\bstep (\d+) step_time ([\d.]+)s throughput ([\d.]+) se
 class MetricsStream:
     points: dict[int, dict[str, float]] = field(default_factory=dict)
     skipped: int = 0
+    events: int = 0  # the native trainer's event lines (checkpoint saved, export, ...): signs of life
 
     def add(self, step: int, metrics: dict[str, float]) -> None:
         # Progress bars repeat the same step between log intervals: the last report wins.
@@ -110,7 +111,9 @@ def _native(line: str, stream: MetricsStream) -> bool:
     except (ValueError, KeyError, TypeError):
         stream.skipped += 1
         return True
-    if "event" not in record:
+    if "event" in record:
+        stream.events += 1
+    else:
         stream.add(step, metrics)
     return True
 

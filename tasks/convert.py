@@ -16,7 +16,7 @@ from pretrain import manifest
 from pretrain.command import Command
 from pretrain.spec import PretrainSpec
 from tasks.artifacts import artifact_key, retryable
-from tasks.slurm import JobRequest, cluster_for, ends_cancelled, job_folder, run_job
+from tasks.slurm import cluster_for, ends_cancelled, job_folder, run_job, stage_request
 from trainer.launch.convert_command import convert_command, convert_flags
 
 CONVERT_FORMAT = 1
@@ -53,8 +53,8 @@ def convert(spec: PretrainSpec, reuse_only: bool = False) -> str:
         with manifest.staged_output(final) as staging:
             record_path = staging.with_name(staging.name + ".record.json")
             argv = convert_command(spec, str(source), str(staging / "checkpoint"), record=str(record_path))
-            run_job(JobRequest("convert", Command(argv), time_limit_min=spec.cluster.time_limit_min,
-                               mem_gb=spec.cluster.mem_gb), cluster, job_folder(spec, cluster))
+            run_job(stage_request(spec, f"{spec.name}-convert", Command(argv), nodes=1), cluster,
+                    job_folder(spec, cluster))
             record = json.loads(record_path.read_text())
             record_path.unlink()
             done = manifest.write_manifest(staging, "convert", key, layout=layout, **{

@@ -43,7 +43,7 @@ from pretrain.neuron_compile import CompileSummary, from_results, parse_npc_log
 from pretrain.spec import PretrainSpec
 from tasks.artifacts import artifact_key, retryable
 from tasks.slurm import (JobRequest, SlurmJobFailed, cluster_for, ends_cancelled, expand_nodes, job_folder,
-                         run_job)
+                         run_job, stage_request)
 from tasks.tokenize import eod_id
 from trainer.launch import native
 from trainer.launch.nxdt import nxdt_config, precompile_command, precompile_environment
@@ -129,9 +129,7 @@ def precompile_script(spec: PretrainSpec, config_dir: str, attempt_dir: str, ret
 
 def precompile_request(spec: PretrainSpec, script: Path) -> JobRequest:
     """One task per node, like ``srun ./train.sh``: each node runs its own neuron_parallel_compile."""
-    c = spec.cluster
-    return JobRequest("precompile", Command(["bash", str(script)]), time_limit_min=c.time_limit_min,
-                      nodes=c.nodes, tasks_per_node=1, cpus_per_task=c.cpus_per_task, mem_gb=c.mem_gb)
+    return stage_request(spec, f"{spec.name}-precompile", Command(["bash", str(script)]))
 
 
 def work_key(spec: PretrainSpec, config: dict) -> str:
@@ -289,9 +287,7 @@ def precompile_native(spec: PretrainSpec, dataset: str, data_dir: str) -> dict:
     cluster = cluster_for(spec)
     logger.info("precompile: %d-step torch.compile warm-up into %s", config["steps"], native.compile_cache_dir(spec))
     try:
-        run_job(JobRequest(f"{spec.name}-precompile", command, time_limit_min=spec.cluster.time_limit_min,
-                           nodes=spec.cluster.nodes, cpus_per_task=spec.cluster.cpus_per_task,
-                           mem_gb=spec.cluster.mem_gb), cluster, job_folder(spec, cluster))
+        run_job(stage_request(spec, f"{spec.name}-precompile", command), cluster, job_folder(spec, cluster))
     except SlurmJobFailed as failure:
         rows = [{"node": node, "graphs traced": 0, "compiled": 0, "from cache": 0, "failed": 1}
                 for node in expand_nodes(failure.nodes)]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import submitit
 import yaml
@@ -17,7 +18,7 @@ from pretrain.command import Command
 from pretrain.spec import PretrainSpec
 from tasks.artifacts import artifact_key
 from tasks.precompile import CONFIG_NAME, precompile_script, shell_line
-from tasks.slurm import JobRequest, MissingClusterBlock, job_folder, load_cluster_block, slurm_parameters
+from tasks.slurm import MissingClusterBlock, job_folder, load_cluster_block, slurm_parameters, stage_request
 from tasks.tokenize import arrow_output
 from tasks.train_megatron import in_container
 from tasks.train_nxdt import train_script
@@ -38,17 +39,17 @@ def _exports(env: dict[str, str]) -> str:
     return "".join(f"export {k}={v}\n" for k, v in env.items())
 
 
-def _sbatch(spec: PretrainSpec, name: str, cluster: SlurmCluster) -> str:
-    """The batch script submitit will write for the training job on this cluster."""
-    request = JobRequest(name, Command(["true"]), time_limit_min=spec.cluster.time_limit_min,
-                         nodes=spec.cluster.nodes, cpus_per_task=spec.cluster.cpus_per_task, mem_gb=spec.cluster.mem_gb)
+def _sbatch(spec: PretrainSpec, cluster: SlurmCluster, name: str, **shape: Any) -> str:
+    """The batch script submitit will write for this stage's job on this cluster (the command
+    itself travels pickled beside it; the stage's .sh file shows it)."""
+    request = stage_request(spec, name, Command(["true"]), **shape)
     folder = job_folder(spec, cluster) / "<job>"
     return submitit.slurm.slurm._make_sbatch_string(command=f"python -u -m submitit.core._submit {folder}",
                                                     folder=folder, **slurm_parameters(cluster, request))
 
 
 def render_files(spec: PretrainSpec, cluster: SlurmCluster | None = None) -> dict[str, str]:
-    cluster = cluster or SlurmCluster(executor="slurm")
+    site = cluster = cluster or SlurmCluster(executor="slurm")
     files = {"spec.yaml": yaml.safe_dump(json.loads(spec.model_dump_json()), sort_keys=False)}
     tok = spec.tokenizer
     tokenizer_flags = (["--vocab-file", tok.vocab_file, "--merge-file", tok.merges_file] if tok.type == "gpt2-bpe"
@@ -80,7 +81,14 @@ def render_files(spec: PretrainSpec, cluster: SlurmCluster | None = None) -> dic
         files["train_env.sh"] = _exports(megatron_lm.environment())
         files["torchrun.sh"] = _shell(megatron_lm.torchrun_command(spec, f"{DATASET}/data_text_document", CHECKPOINTS))
         cluster = in_container(cluster, spec)
-    files["sbatch_train.sh"] = _sbatch(spec, f"{spec.name}-train", cluster)
+    # One batch script per job the run submits, shaped as the tasks shape them.
+    files["sbatch_tokenize.sh"] = _sbatch(spec, site, "tokenize-<i>-of-<n>", nodes=1)
+    if "convert.sh" in files:
+        files["sbatch_convert.sh"] = _sbatch(spec, site, f"{spec.name}-convert", nodes=1)
+    if spec.backend.kind == "neuron" or (spec.backend.kind == "native" and spec.backend.native.compile):
+        files["sbatch_precompile.sh"] = _sbatch(spec, site, f"{spec.name}-precompile")
+    stop_signal = spec.backend.native.stop_signal_delay_s if spec.backend.kind == "native" else 0
+    files["sbatch_train.sh"] = _sbatch(spec, cluster, f"{spec.name}-train", signal_delay_s=stop_signal)
     return files
 
 

@@ -61,6 +61,16 @@ class JobRequest:
     signal_delay_s: int = 0
 
 
+def stage_request(spec: Any, name: str, command: Callable[[], Any], **shape: Any) -> JobRequest:
+    """A job of one stage, shaped by the spec's cluster section (nodes, CPUs and memory per task,
+    time limit); ``shape`` overrides (a one-node job, a stop signal). Every task submits through
+    this, and the dry run renders its sbatch scripts through it."""
+    c = spec.cluster
+    defaults = {"time_limit_min": c.time_limit_min, "nodes": c.nodes, "cpus_per_task": c.cpus_per_task,
+                "mem_gb": c.mem_gb}
+    return JobRequest(name, command, **{**defaults, **shape})
+
+
 @dataclass(frozen=True)
 class SacctRecord:
     job_id: str
@@ -151,6 +161,14 @@ def query_slurm_state(job_id: str) -> SacctRecord | None:
     if queue.returncode == 0 and queue.stdout.strip():
         return SacctRecord(job_id, queue.stdout.split()[0], "", "", "")
     return SacctRecord(job_id, "ENDED_UNKNOWN", "", "", "")
+
+
+def job_running(job: submitit.Job) -> bool:
+    """Whether the job runs now: not waiting in the queue, first or again after a requeue."""
+    if isinstance(job, submitit.LocalJob):
+        return not job.done()
+    record = query_slurm_state(job.job_id)
+    return record is not None and record.state == "RUNNING"
 
 
 def slurm_available() -> bool:

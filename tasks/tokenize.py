@@ -26,8 +26,8 @@ from pretrain import manifest
 from pretrain.command import Command
 from pretrain.spec import PretrainSpec
 from tasks.artifacts import artifact_key, retryable
-from tasks.slurm import (JobRequest, SlurmJobFailed, cluster_for, ends_cancelled, job_folder, run_array,
-                         run_job)
+from tasks.slurm import (SlurmJobFailed, cluster_for, ends_cancelled, job_folder, run_array, run_job,
+                         stage_request)
 
 TOKENIZE_FORMAT = 1  # bump when the layout of tokenize outputs changes
 SHARD_BYTES = 256 << 20  # input per array task when the spec does not fix the shard count
@@ -154,12 +154,10 @@ def tokenize(spec: PretrainSpec, data_dir: str, reuse_only: bool = False) -> str
         todo = [i for i in range(shards) if not (parts / f"shard-{i}.json").exists()]
         logger.info("tokenize: %.1f MB in %d files as %d shards (%d to run)", input_bytes / 1e6,
                     len(inputs), shards, len(todo))
-        requests = [JobRequest(f"tokenize-{i}-of-{shards}", Command(
+        requests = [stage_request(spec, f"tokenize-{i}-of-{shards}", Command(
             [*base, "--output-prefix", str(staging / DATA_PREFIX if arrow else parts / f"shard-{i}"),
              "--shard", f"{i}/{shards}",
-             "--record", str(parts / f"shard-{i}.json")]),
-            time_limit_min=spec.cluster.time_limit_min, cpus_per_task=spec.cluster.cpus_per_task,
-            mem_gb=spec.cluster.mem_gb) for i in todo]
+             "--record", str(parts / f"shard-{i}.json")]), nodes=1) for i in todo]
         if requests:
             failed = [o for o in run_array(requests, cluster, folder) if isinstance(o, SlurmJobFailed)]
             if failed:
@@ -167,10 +165,10 @@ def tokenize(spec: PretrainSpec, data_dir: str, reuse_only: bool = False) -> str
                                      "are kept and a retry reruns only these:\n\n" + "\n\n".join(map(str, failed)))
         records = [json.loads((parts / f"shard-{i}.json").read_text()) for i in range(shards)]
         if not arrow:
-            run_job(JobRequest("tokenize-merge", Command(
+            run_job(stage_request(spec, "tokenize-merge", Command(
                 [sys.executable, "-m", "trainer", "tokenize", "merge", "--output-prefix", str(staging / DATA_PREFIX),
                  *[str(parts / f"shard-{i}") for i in range(shards)], "--json-keys", *spec.data.json_keys]),
-                time_limit_min=spec.cluster.time_limit_min), cluster, folder)
+                nodes=1, cpus_per_task=None), cluster, folder)
         shutil.rmtree(parts)
         done = manifest.write_manifest(
             staging, "tokenize", key, options=options, input_bytes=input_bytes, dtype=records[0]["dtype"],

@@ -31,7 +31,7 @@ from tasks.artifacts import retryable
 from tasks.precompile import native_compile_rows
 from tasks.tokenize import eod_id
 from tasks.slurm import (JobRequest, SlurmJobFailed, cluster_for, ends_cancelled, executor_kind, expand_nodes,
-                         job_folder, query_slurm_state, run_job)
+                         job_folder, job_running, query_slurm_state, run_job, stage_request)
 from tasks.train_artifacts import publish_loss_curve, publish_progress
 from trainer.launch import native
 
@@ -78,7 +78,7 @@ class MetricsFollower:
         self.partial = ""
         self.stream = MetricsStream()
         self.progress_id = None
-        self.last_step = -1
+        self.last_seen = (-1, 0)  # (the last step, events) the previous poll saw
         self.last_advance = time.monotonic()
         self.last_curve = 0.0
 
@@ -112,9 +112,13 @@ class MetricsFollower:
         now = time.monotonic()
         if not started:
             self.last_advance = now
-        if step != self.last_step:
-            self.last_step, self.last_advance = step, now
+        # Events count as progress too: after the last step, the final checkpoint and the HF
+        # export log theirs while no step advances.
+        if (step, self.stream.events) != self.last_seen:
+            self.last_advance = now
+        if step != self.last_seen[0]:
             self.progress_id = publish_progress(self.spec.name, step, self.total, self.progress_id)
+        self.last_seen = (step, self.stream.events)
         if now - self.last_curve > LOSS_CURVE_EVERY_S and self.stream.points:
             self.last_curve = now
             publish_loss_curve(self.spec.name, self.stream.as_list())
@@ -165,9 +169,9 @@ def run_attempts(spec: PretrainSpec, cluster: SlurmCluster, follower: MetricsFol
         started = time.monotonic()
         submitted: list[Any] = []
         try:
-            # The job's log appears when the job starts: time spent waiting in the queue is no hang.
+            # Time spent waiting in the queue, first or again after a requeue, is no hang.
             run_job(request, cluster, job_folder(spec, cluster), on_submit=submitted.append,
-                    on_poll=lambda: follower.poll(started=submitted[0].paths.stdout.exists()))
+                    on_poll=lambda: follower.poll(started=job_running(submitted[0])))
             outcome = COMPLETED
         except SlurmJobFailed as failure:
             attempts.excluded |= excluded_after(failure)
@@ -226,9 +230,7 @@ def train(spec: PretrainSpec, dataset: str, data_dir: str, nodelist: list[str] |
     def prepare(attempt: int) -> JobRequest:
         for stale in [record_path, *directory.glob(f"{record_path.name}.compile-*.json")]:
             stale.unlink(missing_ok=True)
-        return JobRequest(f"{spec.name}-train", command, time_limit_min=spec.cluster.time_limit_min,
-                          nodes=spec.cluster.nodes, cpus_per_task=spec.cluster.cpus_per_task,
-                          mem_gb=spec.cluster.mem_gb, signal_delay_s=n.stop_signal_delay_s)
+        return stage_request(spec, f"{spec.name}-train", command, signal_delay_s=n.stop_signal_delay_s)
 
     def record() -> dict[str, Any] | None:
         return json.loads(record_path.read_text()) if record_path.exists() else None

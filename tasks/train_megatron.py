@@ -24,7 +24,7 @@ from pretrain.command import Command
 from pretrain.spec import MegatronLMSpec, PretrainSpec
 from tasks.artifacts import retryable
 from tasks.precompile import shell_line
-from tasks.slurm import JobRequest, cluster_for, ends_cancelled
+from tasks.slurm import cluster_for, ends_cancelled, stage_request
 from tasks.train import MetricsFollower, finish_run, job_completed, run_attempts, run_dir
 from trainer.launch import megatron_lm
 
@@ -57,9 +57,7 @@ def train_megatron(spec: PretrainSpec, dataset: str) -> dict[str, Any]:
     command = node_command(spec, dataset, run)
     follower = MetricsFollower(spec, run / f"node-{spec.cluster.nodes - 1}.log", spec.training.train_steps or 0,
                                settings.hang_timeout_min * 60)
-    c = spec.cluster
-    request = JobRequest(f"{spec.name}-train", command, time_limit_min=c.time_limit_min, nodes=c.nodes,
-                         tasks_per_node=1, cpus_per_task=c.cpus_per_task, mem_gb=c.mem_gb)
+    request = stage_request(spec, f"{spec.name}-train", command)
     attempts = run_attempts(spec, cluster, follower, settings.max_restarts, prepare=lambda attempt: request)
     return finish_run(spec, follower, attempts, job_completed(attempts.history[-1]["outcome"]), [],
                       status="finished", step=max(follower.stream.points, default=0), run_dir=str(run),

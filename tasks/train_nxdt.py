@@ -29,7 +29,7 @@ from pretrain.neuron_compile import training_compiles
 from pretrain.spec import PretrainSpec
 from tasks.artifacts import retryable
 from tasks.precompile import CONFIG_NAME, compile_environment, node_name, node_script
-from tasks.slurm import JobRequest, cluster_for, ends_cancelled
+from tasks.slurm import JobRequest, cluster_for, ends_cancelled, stage_request
 from tasks.train import MetricsFollower, finish_run, job_completed, run_attempts, run_dir
 from trainer.launch import nxdt
 
@@ -110,9 +110,7 @@ def train_nxdt(spec: PretrainSpec, dataset: str, checkpoint: str | None = None,
             logger.info("train attempt %d resumes from %s", attempt + 1, resume)
         config = train_config(spec, dataset, checkpoint, resume)
         (run / "conf" / f"{CONFIG_NAME}.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
-        c = spec.cluster
-        return JobRequest(f"{spec.name}-train", Command(["bash", str(script)]), time_limit_min=c.time_limit_min,
-                          nodes=c.nodes, tasks_per_node=1, cpus_per_task=c.cpus_per_task, mem_gb=c.mem_gb)
+        return stage_request(spec, f"{spec.name}-train", Command(["bash", str(script)]))
 
     attempts = run_attempts(spec, cluster, follower, n.max_restarts, prepare)
     final = newest_checkpoint(run / "exp" / "checkpoints")

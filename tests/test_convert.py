@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import load_file
+from safetensors.torch import load_file, save_file
 from transformers import LlamaConfig, LlamaForCausalLM
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply_rotary_pos_emb
 
@@ -210,3 +210,44 @@ def test_bad_inputs_are_named_and_leave_nothing_behind(hf_model, tmp_path):
                   "--output", str(tmp_path / "back"), *base, check=False)
     assert out.returncode == 2 and f"{shard}: cannot read the shard" in out.stderr
     assert not (tmp_path / "back").exists()
+
+
+def test_verify_and_the_way_back_check_every_copy_and_every_source_tensor(hf_model, tmp_path):
+    model, src = hf_model
+    base = ["--tp", str(TP), "--pp", str(PP), "--kv-multiplier", str(MULT), "--hw-backend", "trn2"]
+    model_dir = to_nxdt(src, tmp_path / "good", "trn2")
+    # trn2 interleaves the replicas: ranks 0 and 1 hold KV head 0. A damaged second copy is named.
+    shard = model_dir / "dp_rank_00_tp_rank_01_pp_rank_00.pt"
+    state = torch.load(shard, weights_only=True)
+    k = state["model.layers.0.self_attn.qkv_proj.weight_k"]
+    original = k.clone()
+    k[0, 0] += 1.0
+    torch.save(state, shard)
+    out = convert("nxdt-to-hf", "--input", str(tmp_path / "good"), "--config", str(src / "config.json"),
+                  "--output", str(tmp_path / "back"), *base, check=False)
+    assert out.returncode == 2 and f"{shard.name}: its copy of KV head 0 in layer 0 differs" in out.stderr
+    state["model.layers.0.self_attn.qkv_proj.weight_k"] = original
+    state["model.layers.0.input_layernorm.weight"][3] = 7.0
+    torch.save(state, shard)
+    out = convert("nxdt-to-hf", "--input", str(tmp_path / "good"), "--config", str(src / "config.json"),
+                  "--output", str(tmp_path / "back"), *base, check=False)
+    assert out.returncode == 2, out.stderr
+    assert f"{shard.name}: model.layers.0.input_layernorm.weight differs from tp rank 0's copy" in out.stderr
+
+    # A source tensor the layout has no place for (a bias) is not silently dropped.
+    extra = tmp_path / "extra"
+    extra.mkdir()
+    (extra / "config.json").write_text((src / "config.json").read_text())
+    tensors = {k: v.contiguous() for k, v in model.state_dict().items()}
+    tensors["model.layers.0.self_attn.q_proj.bias"] = torch.zeros(64)
+    save_file(tensors, extra / "model.safetensors", metadata={"format": "pt"})
+    out = convert("hf-to-nxdt", "--input", str(extra), "--output", str(tmp_path / "o"), *base, "--verify", check=False)
+    assert out.returncode == 2 and "lacks 1 source tensor(s)" in out.stderr and "q_proj.bias" in out.stderr
+    assert not (tmp_path / "o").exists()
+
+    # A config.json with fewer layers than the checkpoint holds.
+    config = json.loads((src / "config.json").read_text())
+    (extra / "config.json").write_text(json.dumps({**config, "num_hidden_layers": 2}))
+    out = convert("hf-to-nxdt", "--input", str(extra), "--output", str(tmp_path / "o"), "--tp", "4", "--pp", "1",
+                  "--kv-multiplier", "2", "--hw-backend", "trn2", check=False)
+    assert out.returncode == 2 and "num_hidden_layers=2, but the checkpoint holds model.layers.2" in out.stderr

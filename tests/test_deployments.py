@@ -208,7 +208,9 @@ def test_llama3_70b_dry_run_publishes_every_rendered_file(worker):
             "--hw-backend trn1 --fuse-qkv --verify") in convert
     assert "#SBATCH --nodes=16" in artifacts["llama3-70b-render-sbatch-train"].data
     assert "no such block yet" in artifacts["llama3-70b-render-sbatch-train"].description
-    assert {"llama3-70b-render-precompile", "llama3-70b-render-torchrun", "llama3-70b-render-train-env"} <= set(artifacts)
+    assert {"llama3-70b-render-precompile", "llama3-70b-render-torchrun", "llama3-70b-render-train-env",
+            "llama3-70b-render-sbatch-tokenize", "llama3-70b-render-sbatch-convert",
+            "llama3-70b-render-sbatch-precompile"} <= set(artifacts)
     assert not squeue("llama3-70b-train")  # nothing was submitted
 
     # With the site's block saved, the sbatch script carries its settings.

@@ -17,9 +17,9 @@ def test_render_writes_config_conversion_and_sbatch(tmp_path):
                            "model.init_from=/fsx/Meta-Llama-3-70B", "--set", f"paths.root={tmp_path}",
                            "--out", str(out)], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
-    assert sorted(p.name for p in out.iterdir()) == ["convert.sh", "nxdt_config.yaml", "precompile.sh",
-                                                     "sbatch_train.sh", "spec.yaml", "tokenize.sh", "torchrun.sh", "train.sh",
-                                                     "train_env.sh"]
+    assert sorted(p.name for p in out.iterdir()) == [
+        "convert.sh", "nxdt_config.yaml", "precompile.sh", "sbatch_convert.sh", "sbatch_precompile.sh",
+        "sbatch_tokenize.sh", "sbatch_train.sh", "spec.yaml", "tokenize.sh", "torchrun.sh", "train.sh", "train_env.sh"]
     config = yaml.safe_load((out / "nxdt_config.yaml").read_text())
     convert = (out / "convert.sh").read_text()
     # The conversion and the training config come from one spec: they agree on every shared value.
@@ -39,6 +39,11 @@ def test_render_writes_config_conversion_and_sbatch(tmp_path):
     assert "--format nxd-arrow --seq-length 8192" in (out / "tokenize.sh").read_text()
     sbatch = (out / "sbatch_train.sh").read_text()
     assert "#SBATCH --nodes=8" in sbatch and "#SBATCH --time=4320" in sbatch
+    # Every job the run submits has its batch script: the conversion and the tokenizer on one
+    # node, neuron_parallel_compile on the nodes training will use.
+    for stage, nodes in (("convert", 1), ("tokenize", 1), ("precompile", 8)):
+        script = (out / f"sbatch_{stage}.sh").read_text()
+        assert f"#SBATCH --nodes={nodes}\n" in script and "#SBATCH --time=4320" in script, stage
     assert not (tmp_path / "jobs").exists() or not any((tmp_path / "jobs").iterdir())
 
 
@@ -69,7 +74,10 @@ def test_render_native_writes_the_trainer_config_the_node_program_accepts(tmp_pa
     done = subprocess.run([sys.executable, "-m", "pretrain.cli", "render", "tiny-local", "--set",
                            f"paths.root={tmp_path}", "--out", str(out)], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
-    assert {"train.json", "torchrun.sh", "train_env.sh", "sbatch_train.sh"} <= {p.name for p in out.iterdir()}
+    assert {"train.json", "torchrun.sh", "train_env.sh", "sbatch_train.sh", "sbatch_precompile.sh",
+            "sbatch_tokenize.sh"} <= {p.name for p in out.iterdir()}
+    # Slurm sends USR2 ahead of the time limit, so the trainer checkpoints before it is killed.
+    assert "#SBATCH --signal=USR2@90" in (out / "sbatch_train.sh").read_text()
     config = TrainConfig.from_file(out / "train.json")
     assert (config.steps, config.global_batch_size, config.seq_length) == (400, 16, 128)
     assert config.parallel.compile and config.model.num_kv_heads == 2

@@ -359,3 +359,35 @@ def test_a_diverged_run_fails_at_once_with_the_trainers_reason(corpus, tmp_path,
     assert "not resubmitted" in message and message.count("FAILED: ") == 1, message
     (run_dir,) = (tmp_path / "train").glob("train-*")
     assert_nothing_left(f"{name}-train", run_dir / "train.json")
+
+
+def test_event_lines_after_the_last_step_are_signs_of_life(local_stack, tmp_path, monkeypatch):
+    """After its last step the trainer checkpoints and exports for minutes at scale, logging
+    events but no step: that is progress, while silence that long is a hang."""
+    import tasks.train as train_module
+
+    clock = [1000.0]
+    monkeypatch.setattr(train_module.time, "monotonic", lambda: clock[0])
+    metrics = tmp_path / "metrics.jsonl"
+
+    @flow
+    def follow() -> str:
+        follower = train_module.MetricsFollower(load_spec("tiny-local"), metrics, total_steps=2, hang_timeout_s=60)
+
+        def after(seconds: float, *lines: str) -> None:
+            clock[0] += seconds
+            with open(metrics, "a") as out:
+                out.writelines(line + "\n" for line in lines)
+            follower.poll()
+
+        after(0, '{"step": 1, "loss": 3.0}', '{"step": 2, "loss": 2.5}')
+        after(50, '{"step": 2, "event": "checkpoint", "path": "/ckpt"}')
+        after(50, '{"step": 2, "event": "export", "path": "/hf"}')
+        after(50)  # 50 s since the last event: still within the timeout
+        try:
+            after(20)
+        except train_module.RunHung as hung:
+            return str(hung)
+        return "not hung"
+
+    assert follow().startswith("no new metrics for 1.0 min (last step 2)")

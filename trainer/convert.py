@@ -110,16 +110,20 @@ def layout_from(config: dict, args: argparse.Namespace) -> NxdtLayout:
 
 def check_shapes(ckpt: HFCheckpoint, layout: NxdtLayout) -> None:
     """config.json against the tensors, before anything is written."""
-    hidden = ckpt.config["hidden_size"]
+    hidden, last = ckpt.config["hidden_size"], layout.num_layers - 1
     expected = {
         "model.layers.0.self_attn.q_proj.weight": [layout.num_heads * layout.head_dim, hidden],
         "model.layers.0.self_attn.k_proj.weight": [layout.num_kv_heads * layout.head_dim, hidden],
+        f"model.layers.{last}.mlp.gate_proj.weight": [ckpt.config["intermediate_size"], hidden],
         "model.embed_tokens.weight": [ckpt.config["vocab_size"], hidden],
     }
     for key, shape in expected.items():
         if ckpt.shape(key) != shape:
             raise ConvertError(f"{ckpt.directory / 'config.json'} does not match the tensors: {key} is "
                                f"{ckpt.shape(key)}, the config implies {shape}")
+    if any(key.startswith(f"model.layers.{layout.num_layers}.") for key in ckpt.where):
+        raise ConvertError(f"{ckpt.directory / 'config.json'} does not match the tensors: num_hidden_layers="
+                           f"{layout.num_layers}, but the checkpoint holds model.layers.{layout.num_layers} and more")
     vocab = ckpt.config["vocab_size"]
     if vocab % layout.tp:
         raise ConvertError(f"vocab_size {vocab} is not divisible by tp={layout.tp} (NxD does not pad)")
@@ -205,6 +209,14 @@ def nxdt_states(model_dir: Path, layout: NxdtLayout) -> Iterator[tuple[int, list
         yield pp_rank, [load_shard(model_dir / shard_name(t, pp_rank)) for t in range(layout.tp)]
 
 
+def _replicated(shards: list[dict[str, torch.Tensor]], key: str, pp_rank: int) -> torch.Tensor:
+    """A tensor every tp rank holds whole (the norms): every copy must be the same."""
+    for rank, shard in enumerate(shards[1:], start=1):
+        if not torch.equal(shard[key], shards[0][key]):
+            raise ConvertError(f"{shard_name(rank, pp_rank)}: {key} differs from tp rank 0's copy")
+    return shards[0][key]
+
+
 def unshard_stage(layout: NxdtLayout, pp_rank: int, shards: list[dict[str, torch.Tensor]],
                   config: dict) -> dict[str, torch.Tensor]:
     hd, out = layout.head_dim, {}
@@ -217,6 +229,7 @@ def unshard_stage(layout: NxdtLayout, pp_rank: int, shards: list[dict[str, torch
         k_full = torch.empty(layout.num_kv_heads * hd, q_full.shape[1])
         v_full = torch.empty_like(k_full)
         o_full = torch.empty(q_full.shape[1], layout.num_heads * hd)
+        kv_seen: set[int] = set()
         for rank, s in enumerate(shards):
             if layout.fuse_qkv:
                 # Split by the known sizes: q and k/v parts differ in size under GQA.
@@ -226,9 +239,14 @@ def unshard_stage(layout: NxdtLayout, pp_rank: int, shards: list[dict[str, torch
             for i, head in enumerate(layout.q_heads(rank)):
                 q_full[head * hd:(head + 1) * hd] = q[i * hd:(i + 1) * hd]
                 o_full[:, head * hd:(head + 1) * hd] = s[f"{p}.{ATTN}.o_proj.weight"][:, i * hd:(i + 1) * hd]
-            for i, head in enumerate(layout.kv_heads(rank)):  # replicas are equal; any copy will do
-                k_full[head * hd:(head + 1) * hd] = k[i * hd:(i + 1) * hd]
-                v_full[head * hd:(head + 1) * hd] = v[i * hd:(i + 1) * hd]
+            for i, head in enumerate(layout.kv_heads(rank)):
+                rows = slice(head * hd, (head + 1) * hd)
+                if head in kv_seen and not (torch.equal(k_full[rows], k[i * hd:(i + 1) * hd])
+                                            and torch.equal(v_full[rows], v[i * hd:(i + 1) * hd])):
+                    raise ConvertError(f"{shard_name(rank, pp_rank)}: its copy of KV head {head} in layer {layer} "
+                                       "differs from another rank's (replicas must be equal)")
+                kv_seen.add(head)
+                k_full[rows], v_full[rows] = k[i * hd:(i + 1) * hd], v[i * hd:(i + 1) * hd]
         out.update({f"{p}.{ATTN}.q_proj.weight": q_full, f"{p}.{ATTN}.k_proj.weight": k_full,
                     f"{p}.{ATTN}.v_proj.weight": v_full, f"{p}.{ATTN}.o_proj.weight": o_full})
         gate_up = [torch.chunk(s[f"{p}.{MLP}.gate_up_proj.weight"], 2) for s in shards]
@@ -236,9 +254,9 @@ def unshard_stage(layout: NxdtLayout, pp_rank: int, shards: list[dict[str, torch
         out[f"{p}.{MLP}.up_proj.weight"] = torch.cat([u for _, u in gate_up])
         out[f"{p}.{MLP}.down_proj.weight"] = torch.cat([s[f"{p}.{MLP}.down_proj.weight"] for s in shards], dim=1)
         for norm in ("input_layernorm", "post_attention_layernorm"):
-            out[f"{p}.{norm}.weight"] = shards[0][f"{p}.{norm}.weight"]
+            out[f"{p}.{norm}.weight"] = _replicated(shards, f"{p}.{norm}.weight", pp_rank)
     if pp_rank == layout.pp - 1:
-        out["model.norm.weight"] = shards[0]["model.norm.weight"]
+        out["model.norm.weight"] = _replicated(shards, "model.norm.weight", pp_rank)
         if not config.get("tie_word_embeddings"):
             out["lm_head.weight"] = torch.cat([s["lm_head.weight"] for s in shards])
     return out
@@ -257,14 +275,21 @@ def nxdt_to_hf(model_dir: Path, config_path: Path, layout: NxdtLayout, staging: 
 
 
 def verify(source: HFCheckpoint, model_dir: Path, layout: NxdtLayout) -> dict:
-    """Reassemble the written shards and compare every tensor with the source."""
-    compared = 0
+    """Reassemble the written shards (every copy of a replicated tensor checked against the
+    others) and compare every tensor with the source; the output must hold every source tensor."""
+    compared: set[str] = set()
     for pp_rank, shards in nxdt_states(model_dir, layout):
         for key, tensor in unshard_stage(layout, pp_rank, shards, source.config).items():
             if not torch.equal(tensor, source.full(key)):
                 raise ConvertError(f"verify: {key} differs from the source after reassembly")
-            compared += 1
-    return {"verified_tensors": compared}
+            compared.add(key)
+    tied = {"lm_head.weight"} if source.config.get("tie_word_embeddings") else set()
+    # Older checkpoints carry RoPE's inverse frequencies, a buffer the model recomputes.
+    buffers = {key for key in source.where if key.endswith("rotary_emb.inv_freq")}
+    if missing := sorted(set(source.where) - compared - tied - buffers):
+        raise ConvertError(f"verify: the output lacks {len(missing)} source tensor(s) the NxDT layout has no place "
+                           f"for: {', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''}")
+    return {"verified_tensors": len(compared)}
 
 
 # ---------------------------------------------------------------- command line

@@ -238,6 +238,8 @@ class Trainer:
         if self.checkpointer.latest() != self.step:
             self.checkpointer.save(self.state(), self.step, blocking=True)
         if cfg.export_hf:
+            # A sign of life for the control plane's hang check: a large model exports for minutes.
+            self.metrics.log_event(self.step, "export", path=cfg.export_hf)
             self._export()
         return {"status": "finished", "step": self.step, "resumed_from": self.resumed_from, **last}
 
