@@ -16,6 +16,7 @@ from safetensors.torch import load_file, save_file
 from transformers import LlamaConfig, LlamaForCausalLM
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply_rotary_pos_emb
 
+from trainer.convert import ConvertError, HFCheckpoint, verify
 from trainer.nxdt_layout import NxdtLayout
 
 CONVERT = [sys.executable, "-m", "trainer", "convert"]
@@ -97,11 +98,16 @@ def test_round_trip_is_the_identity(hf_model, tmp_path, backend, fuse):
     convert("nxdt-to-hf", "--input", str(tmp_path / "n"), "--config", str(src / "config.json"), "--output",
             str(tmp_path / "back"), "--tp", str(TP), "--pp", str(PP), "--kv-multiplier", str(MULT),
             "--hw-backend", backend, *extra)
-    back = load_file(tmp_path / "back" / "model.safetensors")
+    # One file per pipeline stage and the index naming them, as transformers saves a sharded model.
+    index = json.loads((tmp_path / "back" / "model.safetensors.index.json").read_text())
+    assert sorted(set(index["weight_map"].values())) == ["model-00001-of-00002.safetensors",
+                                                         "model-00002-of-00002.safetensors"]
+    back = {k: v for name in set(index["weight_map"].values()) for k, v in load_file(tmp_path / "back" / name).items()}
     original = model.state_dict()
     assert set(back) == set(original)
     for key, tensor in original.items():
         assert torch.equal(back[key], tensor), key
+    assert LlamaForCausalLM.from_pretrained(tmp_path / "back").config.num_key_value_heads == 2
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -226,6 +232,9 @@ def test_verify_and_the_way_back_check_every_copy_and_every_source_tensor(hf_mod
     out = convert("nxdt-to-hf", "--input", str(tmp_path / "good"), "--config", str(src / "config.json"),
                   "--output", str(tmp_path / "back"), *base, check=False)
     assert out.returncode == 2 and f"{shard.name}: its copy of KV head 0 in layer 0 differs" in out.stderr
+    # --verify reads every written copy back against the source, not just one of them.
+    with pytest.raises(ConvertError, match=f"{shard.name}: model.layers.0.self_attn.qkv_proj.weight_k differs"):
+        verify(HFCheckpoint(src), model_dir, layout("trn2"))
     state["model.layers.0.self_attn.qkv_proj.weight_k"] = original
     state["model.layers.0.input_layernorm.weight"][3] = 7.0
     torch.save(state, shard)
@@ -233,6 +242,11 @@ def test_verify_and_the_way_back_check_every_copy_and_every_source_tensor(hf_mod
                   "--output", str(tmp_path / "back"), *base, check=False)
     assert out.returncode == 2, out.stderr
     assert f"{shard.name}: model.layers.0.input_layernorm.weight differs from tp rank 0's copy" in out.stderr
+    # Flags that do not describe the checkpoint (it holds weight_q/k/v, not a fused QKV): named, no traceback.
+    out = convert("nxdt-to-hf", "--input", str(tmp_path / "good"), "--config", str(src / "config.json"),
+                  "--output", str(tmp_path / "back"), *base, "--fuse-qkv", check=False)
+    assert out.returncode == 2 and "does not match --tp/--pp/--kv-multiplier/--fuse-qkv" in out.stderr
+    assert "weight_qkv" in out.stderr and "Traceback" not in out.stderr and not (tmp_path / "back").exists()
 
     # A source tensor the layout has no place for (a bias) is not silently dropped.
     extra = tmp_path / "extra"

@@ -67,6 +67,7 @@ class HFCheckpoint:
             if not (directory / name).exists():
                 raise ConvertError(f"{directory / name}: safetensors shard listed in the index is missing")
         self.where = weight_map or {key: "model.safetensors" for key in _keys(directory / "model.safetensors")}
+        self.read: set[str] = set()  # the tensors a conversion has read, to find any it left out
 
     def _file(self, key: str) -> str:
         if key not in self.where:
@@ -78,6 +79,7 @@ class HFCheckpoint:
         memory follows the shard being written, not the tensors read so far. The slice is a
         view into the mapped tensor; the copy keeps only its own bytes (torch.save would
         otherwise write the whole tensor's storage)."""
+        self.read.add(key)
         with safe_open(self._file(key), "pt") as f:
             return f.get_slice(key)[index].clone(memory_format=torch.contiguous_format)
 
@@ -137,36 +139,35 @@ def _heads(ckpt: HFCheckpoint, key: str, heads: list[int], head_dim: int, dim: i
     return torch.cat([read(key, h * head_dim, (h + 1) * head_dim) for h in heads], dim=dim)
 
 
-def shard_state(ckpt: HFCheckpoint, layout: NxdtLayout, tp_rank: int, pp_rank: int) -> dict[str, torch.Tensor]:
-    """One output shard, reading only what it holds."""
-    cfg, hd, state = ckpt.config, layout.head_dim, {}
+def shard_items(ckpt: HFCheckpoint, layout: NxdtLayout, tp_rank: int, pp_rank: int,
+                ) -> Iterator[tuple[str, torch.Tensor]]:
+    """One output shard's tensors, one at a time, reading only what the shard holds."""
+    cfg, hd = ckpt.config, layout.head_dim
     vocab_rows = cfg["vocab_size"] // layout.tp
     ffn_rows = cfg["intermediate_size"] // layout.tp
     if pp_rank == 0:
-        state["model.embed_tokens.weight"] = ckpt.rows("model.embed_tokens.weight", tp_rank * vocab_rows,
-                                                       (tp_rank + 1) * vocab_rows)
+        yield "model.embed_tokens.weight", ckpt.rows("model.embed_tokens.weight", tp_rank * vocab_rows,
+                                                     (tp_rank + 1) * vocab_rows)
     for layer in layout.layers_of_stage(pp_rank):
         p = f"model.layers.{layer}"
         q = _heads(ckpt, f"{p}.{ATTN}.q_proj.weight", layout.q_heads(tp_rank), hd, 0)
         k = _heads(ckpt, f"{p}.{ATTN}.k_proj.weight", layout.kv_heads(tp_rank), hd, 0)
         v = _heads(ckpt, f"{p}.{ATTN}.v_proj.weight", layout.kv_heads(tp_rank), hd, 0)
         if layout.fuse_qkv:
-            state[f"{p}.{ATTN}.qkv_proj.weight_qkv"] = torch.cat([q, k, v])
+            yield f"{p}.{ATTN}.qkv_proj.weight_qkv", torch.cat([q, k, v])
         else:
-            state.update({f"{p}.{ATTN}.qkv_proj.weight_q": q, f"{p}.{ATTN}.qkv_proj.weight_k": k,
-                          f"{p}.{ATTN}.qkv_proj.weight_v": v})
-        state[f"{p}.{ATTN}.o_proj.weight"] = _heads(ckpt, f"{p}.{ATTN}.o_proj.weight", layout.q_heads(tp_rank), hd, 1)
+            yield from ((f"{p}.{ATTN}.qkv_proj.weight_{x}", t) for x, t in zip("qkv", (q, k, v)))
+        yield f"{p}.{ATTN}.o_proj.weight", _heads(ckpt, f"{p}.{ATTN}.o_proj.weight", layout.q_heads(tp_rank), hd, 1)
         rows = (tp_rank * ffn_rows, (tp_rank + 1) * ffn_rows)
-        state[f"{p}.{MLP}.gate_up_proj.weight"] = torch.cat([ckpt.rows(f"{p}.{MLP}.gate_proj.weight", *rows),
-                                                            ckpt.rows(f"{p}.{MLP}.up_proj.weight", *rows)])
-        state[f"{p}.{MLP}.down_proj.weight"] = ckpt.cols(f"{p}.{MLP}.down_proj.weight", *rows)
+        yield f"{p}.{MLP}.gate_up_proj.weight", torch.cat([ckpt.rows(f"{p}.{MLP}.gate_proj.weight", *rows),
+                                                          ckpt.rows(f"{p}.{MLP}.up_proj.weight", *rows)])
+        yield f"{p}.{MLP}.down_proj.weight", ckpt.cols(f"{p}.{MLP}.down_proj.weight", *rows)
         for norm in ("input_layernorm", "post_attention_layernorm"):
-            state[f"{p}.{norm}.weight"] = ckpt.full(f"{p}.{norm}.weight")
+            yield f"{p}.{norm}.weight", ckpt.full(f"{p}.{norm}.weight")
     if pp_rank == layout.pp - 1:
-        state["model.norm.weight"] = ckpt.full("model.norm.weight")
+        yield "model.norm.weight", ckpt.full("model.norm.weight")
         head = "lm_head.weight" if "lm_head.weight" in ckpt.where else "model.embed_tokens.weight"  # tied
-        state["lm_head.weight"] = ckpt.rows(head, tp_rank * vocab_rows, (tp_rank + 1) * vocab_rows)
-    return state
+        yield "lm_head.weight", ckpt.rows(head, tp_rank * vocab_rows, (tp_rank + 1) * vocab_rows)
 
 
 def shard_name(tp_rank: int, pp_rank: int) -> str:
@@ -179,7 +180,7 @@ def hf_to_nxdt(ckpt: HFCheckpoint, layout: NxdtLayout, staging: Path) -> dict:
     shards, params, total = 0, 0, 0
     for pp_rank in range(layout.pp):
         for tp_rank in range(layout.tp):
-            state = shard_state(ckpt, layout, tp_rank, pp_rank)
+            state = dict(shard_items(ckpt, layout, tp_rank, pp_rank))
             path = model_dir / shard_name(tp_rank, pp_rank)
             torch.save(state, f"{path}.tmp")
             os.replace(f"{path}.tmp", path)
@@ -193,9 +194,10 @@ def hf_to_nxdt(ckpt: HFCheckpoint, layout: NxdtLayout, staging: Path) -> dict:
 # ---------------------------------------------------------------- NxDT -> HF
 
 
-def load_shard(path: Path) -> dict[str, torch.Tensor]:
+def load_shard(path: Path, mmap: bool = False) -> dict[str, torch.Tensor]:
+    """``mmap``: tensors stay in the file's pages until read (verify compares one at a time)."""
     try:
-        return torch.load(path, map_location="cpu", weights_only=True)
+        return torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
     except FileNotFoundError:
         raise ConvertError(f"{path}: shard missing; check --tp/--pp against the checkpoint") from None
     except Exception as exc:  # truncated or not a torch file: name it rather than dump a traceback
@@ -263,33 +265,52 @@ def unshard_stage(layout: NxdtLayout, pp_rank: int, shards: list[dict[str, torch
 
 
 def nxdt_to_hf(model_dir: Path, config_path: Path, layout: NxdtLayout, staging: Path) -> dict:
+    """One safetensors file per pipeline stage, written as soon as the stage is reassembled, and
+    the index that names them (as sharded HF checkpoints are saved): memory follows one stage."""
     config = json.loads(config_path.read_text())
-    state: dict[str, torch.Tensor] = {}
-    for pp_rank, shards in nxdt_states(model_dir, layout):
-        state.update(unshard_stage(layout, pp_rank, shards, config))
     staging.mkdir(parents=True, exist_ok=True)
-    save_file({k: v.contiguous() for k, v in state.items()}, str(staging / "model.safetensors"),
-              metadata={"format": "pt"})
+    weight_map: dict[str, str] = {}
+    params, total_bytes = 0, 0
+    for pp_rank, shards in nxdt_states(model_dir, layout):
+        state = unshard_stage(layout, pp_rank, shards, config)
+        del shards
+        name = f"model-{pp_rank + 1:05d}-of-{layout.pp:05d}.safetensors"
+        save_file({k: v.contiguous() for k, v in state.items()}, str(staging / name), metadata={"format": "pt"})
+        weight_map.update(dict.fromkeys(state, name))
+        params += sum(t.numel() for t in state.values())
+        total_bytes += sum(t.numel() * t.element_size() for t in state.values())
+        del state
+    index = {"metadata": {"total_size": total_bytes}, "weight_map": dict(sorted(weight_map.items()))}
+    (staging / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
     shutil.copyfile(config_path, staging / "config.json")
-    return {"tensors": len(state), "parameters": sum(t.numel() for t in state.values())}
+    return {"tensors": len(weight_map), "parameters": params, "files": layout.pp}
 
 
 def verify(source: HFCheckpoint, model_dir: Path, layout: NxdtLayout) -> dict:
-    """Reassemble the written shards (every copy of a replicated tensor checked against the
-    others) and compare every tensor with the source; the output must hold every source tensor."""
-    compared: set[str] = set()
-    for pp_rank, shards in nxdt_states(model_dir, layout):
-        for key, tensor in unshard_stage(layout, pp_rank, shards, source.config).items():
-            if not torch.equal(tensor, source.full(key)):
-                raise ConvertError(f"verify: {key} differs from the source after reassembly")
-            compared.add(key)
-    tied = {"lm_head.weight"} if source.config.get("tie_word_embeddings") else set()
+    """Read every written shard back and compare each of its tensors, every copy of a replicated
+    one included, with the slices of the source it must hold; the shards must hold nothing else,
+    and together every source tensor. One shard and one tensor in memory at a time."""
+    source.read.clear()
+    for pp_rank in range(layout.pp):
+        for tp_rank in range(layout.tp):
+            path = model_dir / shard_name(tp_rank, pp_rank)
+            written = load_shard(path, mmap=True)
+            expected: set[str] = set()
+            for key, tensor in shard_items(source, layout, tp_rank, pp_rank):
+                expected.add(key)
+                if key not in written:
+                    raise ConvertError(f"verify: {path} lacks {key}")
+                if not torch.equal(written[key], tensor):
+                    raise ConvertError(f"verify: {path}: {key} differs from the source")
+            if extra := sorted(set(written) - expected):
+                raise ConvertError(f"verify: {path} holds tensors it should not: {', '.join(extra)}")
+            del written
     # Older checkpoints carry RoPE's inverse frequencies, a buffer the model recomputes.
     buffers = {key for key in source.where if key.endswith("rotary_emb.inv_freq")}
-    if missing := sorted(set(source.where) - compared - tied - buffers):
+    if missing := sorted(set(source.where) - source.read - buffers):
         raise ConvertError(f"verify: the output lacks {len(missing)} source tensor(s) the NxDT layout has no place "
                            f"for: {', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''}")
-    return {"verified_tensors": len(compared)}
+    return {"verified_tensors": len(source.read)}
 
 
 # ---------------------------------------------------------------- command line
@@ -352,6 +373,14 @@ def main(argv: list[str]) -> int:
             model_dir = Path(args.input) / "model" if (Path(args.input) / "model").is_dir() else Path(args.input)
             record = nxdt_to_hf(model_dir, Path(args.config), layout, staging)
         _replace_output(output, staging)
+    except (KeyError, RuntimeError) as exc:
+        # A tensor missing from a shard, or a fused QKV of another size: the flags do not describe
+        # this checkpoint (KeyError's message is the key itself).
+        shutil.rmtree(staging, ignore_errors=True)
+        print(f"error: {args.input} does not match --tp/--pp/--kv-multiplier/--fuse-qkv/--pipeline-cuts "
+              f"as given ({type(exc).__name__}: {exc}); pass the values the checkpoint was written with",
+              file=sys.stderr)
+        return 2
     except (ConvertError, OSError) as exc:
         shutil.rmtree(staging, ignore_errors=True)
         print(f"error: {exc}", file=sys.stderr)
