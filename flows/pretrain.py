@@ -113,12 +113,15 @@ def pretrain(preset: str = "tiny-local", overrides: list[str] | None = None, sta
     except FlowRunCancelled as cancelled:
         return Cancelled(message=str(cancelled))  # a flow without a worker ends Cancelled too
     if "train" in outputs:
-        publish_run_summary(spec.name, _summary(spec, outputs["train"], seconds))
+        publish_run_summary(spec.name, _summary(spec, outputs, seconds))
     return outputs
 
 
-def _summary(spec: PretrainSpec, result: dict[str, Any], stage_seconds: dict[str, float]) -> RunSummary:
+def _summary(spec: PretrainSpec, outputs: dict[str, Any], stage_seconds: dict[str, float]) -> RunSummary:
+    result = outputs["train"]
+    compiled = [{"stage": "precompile", **row} for row in (outputs.get("precompile") or {}).get("rows", [])]
+    compiled += [{"stage": "train", **row} for row in result["compiled_during_training"]]
     return RunSummary(spec=spec.model_dump(mode="json"), code_version=manifest.code_version(),
                       packages=package_versions(),
                       slurm_jobs=[{"stage": "train", "job_id": a["job"], "nodes": a["nodes"]} for a in result["attempts"]],
-                      stage_seconds=stage_seconds, **result["metrics"])
+                      stage_seconds=stage_seconds, compile_graphs=compiled, **result["metrics"])

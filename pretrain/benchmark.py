@@ -100,7 +100,9 @@ def record_from_run(spec: dict[str, Any], flow_run_id: str, train: dict[str, Any
                                          ("tokens_per_s", "step_time_ms", "mfu_pct", "final_loss")}
     graphs = dict(precompile["graphs"]) if precompile else {}
     if precompile is not None:
-        metrics["graphs_compiled_in_training"] = sum(row["compiled"] for row in train["compiled_during_training"])
+        compiled = [row["compiled"] for row in train["compiled_during_training"]]
+        # None: a compiler whose cache torch does not count (Neuron's); no number to compare.
+        metrics["graphs_compiled_in_training"] = None if None in compiled else sum(compiled)
     metrics.update({f"{STAGE_PREFIX}{stage}": seconds for stage, seconds in stage_seconds.items()})
     return BenchmarkRecord(spec_name=spec["name"], fingerprint=config_fingerprint(spec), flow_run_id=flow_run_id,
                            started=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),

@@ -314,6 +314,9 @@ class RunSummary(TypedDict):
     - ``tokens_per_s``, ``mfu_pct``: median over the logged steps after the first
       (see ``metrics_summary``).
     - ``final_loss``, ``final_val_loss``: the last finite train and validation losses.
+    - ``compile_graphs``: per stage that compiles (precompile, train) and node, the graphs it
+      compiled and those its cache served (None where the compiler's cache is not counted);
+      training should compile 0 after a precompile that covered it.
     """
 
     spec: dict[str, Any]
@@ -327,6 +330,7 @@ class RunSummary(TypedDict):
     mfu_pct: float | None
     final_loss: float | None
     final_val_loss: float | None
+    compile_graphs: list[dict[str, Any]]
 
 
 def _median_after_first(points: list[dict], key: str) -> float | None:
@@ -359,6 +363,10 @@ def _duration(seconds: float) -> str:
     return f"{minutes // 60}:{minutes % 60:02d}:{secs:02d}"
 
 
+def _count(value: int | None) -> str:
+    return "not counted" if value is None else str(value)
+
+
 def run_summary_markdown(summary: RunSummary) -> str:
     """The run-summary artifact: results first, then where they came from (jobs, stage times,
     code and package versions, the resolved spec as YAML)."""
@@ -382,6 +390,13 @@ def run_summary_markdown(summary: RunSummary) -> str:
         "| stage | job id | nodes |",
         "|---|---|---|",
         *(f"| {j['stage']} | {j['job_id']} | {j['nodes']} |" for j in summary["slurm_jobs"]),
+        "",
+        "#### Compiled graphs",
+        "| stage | node | compiled | from cache |",
+        "|---|---|---|---|",
+        *(f"| {row['stage']} | {row['node']} | {_count(row['compiled'])} | {_count(row['from cache'])} |"
+          for row in summary["compile_graphs"]),
+        *([] if summary["compile_graphs"] else ["| nothing compiled ahead (no torch.compile, no Neuron) | | | |"]),
         "",
         "#### Stage durations",
         "| stage | seconds | h:mm:ss |",

@@ -254,6 +254,8 @@ def precompile_neuron(spec: PretrainSpec, dataset: str, checkpoint: str | None =
     return {"nodes": [r["node"] for r in rows], "config_dir": str(conf_dir), "config_name": CONFIG_NAME,
             "compile_cache_url": cache_url,
             "graphs": {k: sum(r[k] for r in rows) for k in ("total", "succeeded", "failed")},
+            # neuron_parallel_compile reports what it compiled, not what its cache already held
+            "rows": [{"node": r["node"], "compiled": r["succeeded"], "from cache": None} for r in rows],
             "work_dir": str(work)}
 
 
@@ -264,9 +266,17 @@ def native_compile_rows(record_path: Path) -> list[dict]:
     rows = []
     for path in sorted(record_path.parent.glob(f"{record_path.name}.compile-*.json")):
         counts = json.loads(path.read_text())
+        # A failed compilation fails the run, and the job: its node is a row with failed=1 then.
         rows.append({"node": counts["node"], "graphs traced": counts["graphs"],
-                     "compiled": counts["cache_misses"], "from cache": counts["cache_hits"], "failed": 0})
+                     "graph breaks": counts["graph_breaks"], "compiled": counts["cache_misses"],
+                     "from cache": counts["cache_hits"], "failed": 0})
     return rows
+
+
+def graph_totals(rows: list[dict]) -> dict[str, int | None]:
+    """Column sums over the nodes; None where a backend does not count (Neuron's cache)."""
+    return {k: None if any(r[k] is None for r in rows) else sum(r[k] for r in rows)
+            for k in ("graphs traced", "graph breaks", "compiled", "from cache", "failed")}
 
 
 @task(name="precompile-native", retries=1, retry_delay_seconds=10, retry_condition_fn=retryable)
@@ -289,7 +299,7 @@ def precompile_native(spec: PretrainSpec, dataset: str, data_dir: str) -> dict:
     try:
         run_job(stage_request(spec, f"{spec.name}-precompile", command), cluster, job_folder(spec, cluster))
     except SlurmJobFailed as failure:
-        rows = [{"node": node, "graphs traced": 0, "compiled": 0, "from cache": 0, "failed": 1}
+        rows = [{"node": node, "graphs traced": 0, "graph breaks": 0, "compiled": 0, "from cache": 0, "failed": 1}
                 for node in expand_nodes(failure.nodes)]
         create_table_artifact(rows, key=artifact_key(spec.name, "precompile"),
                               description="torch.compile warm-up failed; see the task log")
@@ -299,5 +309,4 @@ def precompile_native(spec: PretrainSpec, dataset: str, data_dir: str) -> dict:
                           description=f"torch.compile graphs per node in the warm-up ({config['steps']} steps); "
                                       f"cache {native.compile_cache_dir(spec)}")
     shutil.rmtree(work, ignore_errors=True)
-    return {"nodes": [r["node"] for r in rows],
-            "graphs": {k: sum(r[k] for r in rows) for k in ("graphs traced", "compiled", "from cache", "failed")}}
+    return {"nodes": [r["node"] for r in rows], "graphs": graph_totals(rows), "rows": rows}

@@ -325,6 +325,9 @@ def a_summary(points: list[dict]) -> RunSummary:
         "slurm_jobs": [{"stage": "tokenize", "job_id": "41_0", "nodes": "node-1"},
                        {"stage": "train", "job_id": "42", "nodes": "node-[1-4]"}],
         "stage_seconds": {"tokenize": 812.4, "train": 7384.0},
+        "compile_graphs": [{"stage": "precompile", "node": "node-1", "compiled": 24, "from cache": 0},
+                           {"stage": "train", "node": "node-1", "compiled": 0, "from cache": 24},
+                           {"stage": "precompile", "node": "trn1-1", "compiled": 3, "from cache": None}],
         **metrics_summary(points),
     }
 
@@ -352,6 +355,8 @@ def test_run_summary_markdown_reports_every_key():
     assert "`git:0123456789abcdef0123456789abcdef01234567`" in markdown
     assert "| train | 42 | node-[1-4] |" in markdown and "| tokenize | 41_0 | node-1 |" in markdown
     assert "| train | 7384.0 | 2:03:04 |" in markdown
+    # what training still compiled after the precompile stage: 0, every graph from the cache
+    assert "| train | node-1 | 0 | 24 |" in markdown and "| precompile | trn1-1 | 3 | not counted |" in markdown
     assert set(package_versions()) == set(loss_curve.PACKAGES)
     assert f"| prefect | {package_versions()['prefect']} |" in markdown
     assert "| megatron-core | " in markdown and "| submitit | " in markdown

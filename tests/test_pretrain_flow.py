@@ -75,10 +75,30 @@ def test_tiny_local_runs_every_stage_on_the_demo_corpus(executor, s3_endpoint, d
         compiled = json.loads(artifacts["tiny-local-precompile"].data)
         assert compiled and compiled[0]["compiled"] > 0
         assert [row["compiled"] for row in trained["compiled_during_training"]] == [0]
+        # the node is named as Slurm names it, so the next job can be pinned to it
+        node = trained["compiled_during_training"][0]["node"]
+        assert subprocess.run(["sinfo", "-h", "-n", node, "-o", "%n"], capture_output=True, text=True).stdout.strip() == node
+        assert f"| train | {node} | 0 | " in summary and f"| precompile | {node} | {compiled[0]['compiled']} | " in summary
 
     again = pretrain(preset="tiny-local", overrides=overrides, return_state=True)
     assert {k: again.result()[k] for k in ("fetch", "tokenize")} == {k: state.result()[k] for k in ("fetch", "tokenize")}
     assert "nothing submitted" in read_artifacts(again)["tiny-local-tokenize"].description
+
+
+def test_stages_run_alone_hand_on_earlier_outputs_or_name_the_stage_to_add(s3_endpoint, demo_tokenizer, tmp_path):
+    seed_corpus(s3_endpoint)
+    save_credentials_block(s3_endpoint)
+    overrides = [f"paths.root={tmp_path}", f"tokenizer.path={demo_tokenizer}", "cluster.executor=local"]
+    cold = pretrain(preset="tiny-local", overrides=overrides, stages=["train"], return_state=True)
+    assert cold.is_failed() and "add 'fetch' to the flow's stages" in str(cold.message), cold.message
+    assert not (tmp_path / "train").exists()
+
+    fetched = pretrain(preset="tiny-local", overrides=overrides, stages=["fetch"], return_state=True).result()
+    assert set(fetched) == {"fetch"}
+    later = pretrain(preset="tiny-local", overrides=overrides, stages=["tokenize"], return_state=True)
+    assert later.result()["fetch"] == fetched["fetch"]  # handed on, not fetched again
+    assert set(later.result()) == {"fetch", "tokenize"} and not (tmp_path / "train").exists()
+    assert "cached" not in read_artifacts(later)["tiny-local-tokenize"].description
 
 
 def test_demo_command_runs_the_flow_and_shows_the_fetch_artifact(local_stack, tmp_path):

@@ -7,6 +7,7 @@ in a process of its own, as the trainer's ranks do."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -117,3 +118,36 @@ def test_cuda_ranks_update_with_fused_adamw_and_other_devices_with_foreach():
     fused = build_optimizer(model, OptimConfig(lr=1e-3), fused=True)
     plain = build_optimizer(model, OptimConfig(lr=1e-3), fused=False)
     assert (fused.defaults["fused"], plain.defaults["foreach"]) == (True, True)
+
+
+COMPILE = """
+import json, types, torch
+from trainer.train.device import compile_counts
+
+def f(x):
+    y = torch.sin(x) * 2
+    torch._dynamo.graph_break()  # two graphs, one break
+    return torch.cos(y) + 1
+
+torch.compile(f)(torch.randn(64))
+print(json.dumps({"cpu": compile_counts(torch.device("cpu")),
+                  "neuron": compile_counts(types.SimpleNamespace(type="neuron"))}))
+"""
+
+
+def test_compile_counts_tell_a_cold_cache_from_a_warm_one(tmp_path):
+    """What the precompile and train stages report per node: a second process with the same
+    cache compiles nothing. Neuron's compiler cache is not torch's to count: None, not 0."""
+    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")}
+
+    def counts() -> dict:
+        out = subprocess.run([sys.executable, "-c", COMPILE], cwd=REPO, env=env, check=True, capture_output=True,
+                             text=True)
+        return json.loads(out.stdout.splitlines()[-1])
+
+    cold, warm = counts(), counts()
+    assert cold["cpu"]["graphs"] == warm["cpu"]["graphs"] == 2 and cold["cpu"]["graph_breaks"] == 1
+    assert cold["cpu"]["cache_misses"] == 2 and cold["cpu"]["cache_hits"] == 0
+    assert warm["cpu"]["cache_misses"] == 0 and warm["cpu"]["cache_hits"] == 2
+    assert warm["neuron"]["cache_hits"] is None and warm["neuron"]["cache_misses"] is None
+    assert warm["neuron"]["graphs"] == 2

@@ -52,6 +52,20 @@ def compile_backend(device: torch.device) -> str:
     return "neuron" if device.type == "neuron" else "inductor"
 
 
+def compile_counts(device: torch.device) -> dict[str, int | None]:
+    """What torch.compile did in this process: graphs Dynamo captured and graph breaks (the same
+    for every backend), and how many compiled graphs the backend's cache served or had to build.
+    Those are inductor's counters (cpu, cuda); Neuron's compiler keeps its own cache, whose
+    counts torch does not see: None, not a 0 that would read as "nothing compiled"."""
+    from torch._dynamo.utils import counters
+
+    inductor = compile_backend(device) == "inductor"
+    return {"graphs": int(counters["stats"]["unique_graphs"]),
+            "graph_breaks": int(sum(counters["graph_break"].values())),
+            "cache_hits": int(counters["inductor"]["fxgraph_cache_hit"]) if inductor else None,
+            "cache_misses": int(counters["inductor"]["fxgraph_cache_miss"]) if inductor else None}
+
+
 def fused_optimizer(device: torch.device) -> bool:
     """AdamW as one fused kernel on CUDA, where PyTorch's fused kernel also takes FSDP2's and
     tensor parallel's DTensors; foreach (a few kernels per parameter group) everywhere else, which

@@ -17,21 +17,12 @@ import socket
 import sys
 
 from trainer import records
+from trainer.train import device as devices
 from trainer.train.checkpoint import CheckpointError
 from trainer.train.config import TrainConfig
 from trainer.train.loop import EXIT_STOPPED, NonFiniteLoss, Trainer
 
 EXIT_BAD_INPUT = 2
-
-
-def compile_counts() -> dict[str, int]:
-    """Graphs torch.compile built in this process and how many came from its cache, so the
-    precompile warm-up and the training run can be compared (0 new graphs when warm)."""
-    from torch._dynamo.utils import counters
-
-    return {"graphs": int(counters["stats"]["unique_graphs"]),
-            "cache_hits": int(counters["inductor"]["fxgraph_cache_hit"]),
-            "cache_misses": int(counters["inductor"]["fxgraph_cache_miss"])}
 
 
 def failed(exc: Exception, record: str | None, status: int) -> int:
@@ -60,9 +51,11 @@ def main(argv: list[str]) -> int:
     finally:
         trainer.close()
     if cfg.parallel.compile and args.record and os.environ.get("LOCAL_RANK", "0") == "0":
-        # Compile caches are per node: each node's first rank reports what it compiled.
-        host = socket.gethostname()
-        records.emit({"node": host, **compile_counts()}, f"{args.record}.compile-{host}.json")
+        # Compile caches are per node: each node's first rank reports what it compiled, under
+        # Slurm's name for the node, which the next job's --nodelist takes.
+        host = os.environ.get("SLURMD_NODENAME") or socket.gethostname()
+        counts = devices.compile_counts(trainer.device)
+        records.emit({"node": host, **counts}, f"{args.record}.compile-{host}.json")
     if trainer.rank == 0:
         records.emit(result, args.record)
     return EXIT_STOPPED if result["status"] == "stopped" else 0
