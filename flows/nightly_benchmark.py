@@ -28,7 +28,7 @@ class BenchmarkRegression(RuntimeError):
 @flow(name="nightly-benchmark", log_prints=True)
 def nightly_benchmark(preset: str = "tiny-local", overrides: list[str] | None = None, steps: int = 50,
                       window: int = 5, thresholds: dict[str, float] | None = None,
-                      history: str | None = None) -> Any:
+                      history: str | None = None, new_baseline: bool = False) -> Any:
     """Benchmark a preset and fail on a regression.
 
     Args:
@@ -39,6 +39,9 @@ def nightly_benchmark(preset: str = "tiny-local", overrides: list[str] | None = 
         thresholds: How much worse than the baseline a metric may get, as a fraction, per metric:
             tokens_per_s, step_time_ms, mfu_pct, final_loss, graphs_compiled_in_training, stage_s.
         history: Name of a StorageLocation block for the records; default `<paths.root>/benchmarks`.
+        new_baseline: Accept this run as the new baseline after an intended change (new code that
+            is slower but better, another machine): it passes, and later runs compare with it
+            and the runs after it only.
     """
     check_thresholds(thresholds or {})
     spec = load_spec(preset, [*(overrides or []), "training.benchmark=true",
@@ -54,8 +57,8 @@ def nightly_benchmark(preset: str = "tiny-local", overrides: list[str] | None = 
         return Cancelled(message=str(cancelled))
     record = record_from_run(spec.model_dump(mode="json"), str(flow_run.get_id()), outputs["train"], seconds,
                              outputs.get("precompile"))
-    comparisons = judge(record, history, spec.paths.root, window, thresholds)
-    regressed = [c for c in comparisons if c.regressed]
+    comparisons = judge(record, history, spec.paths.root, window, thresholds, new_baseline)
+    regressed = [] if new_baseline else [c for c in comparisons if c.regressed]
     if regressed:
         raise BenchmarkRegression(f"{spec.name}: {len(regressed)} metric(s) regressed: "
                                   + "; ".join(c.describe() for c in regressed))

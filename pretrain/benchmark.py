@@ -4,7 +4,8 @@ verdict against a rolling baseline of earlier passing runs.
 A record is a JSON file per run under ``<history>/<spec name>/`` on the shared filesystem or in
 S3 (any fsspec URL), so the history outlives the Prefect database. Runs compare only with runs
 of the same benchmark configuration (the spec without its paths), and only passing runs form the
-baseline, so one bad night does not become the new normal.
+baseline, so one bad night does not become the new normal; an intended change (a slower but
+better model, a new machine) is accepted by one run started with ``new_baseline``.
 """
 
 from __future__ import annotations
@@ -85,6 +86,9 @@ class BenchmarkRecord:
     graphs: dict[str, int] = field(default_factory=dict)
     passed: bool | None = None  # None until compared
     regressions: list[str] = field(default_factory=list)
+    # Accepted as the start of a new baseline (after an intended change): later runs compare
+    # with it and the runs after it only.
+    starts_baseline: bool = False
 
     def values(self) -> dict[str, float]:
         """Every finite number this run can be compared on."""
@@ -139,8 +143,10 @@ class Comparison:
 
 
 def baseline(history: list[BenchmarkRecord], window: int) -> tuple[dict[str, float], list[BenchmarkRecord]]:
-    """The median of each metric over the last ``window`` passing runs, and those runs."""
-    runs = [r for r in history if r.passed][-window:]
+    """The median of each metric over the last ``window`` passing runs since the newest run that
+    started a baseline, and those runs."""
+    start = max((i for i, r in enumerate(history) if r.starts_baseline), default=0)
+    runs = [r for r in history[start:] if r.passed][-window:]
     per_metric: dict[str, list[float]] = {}
     for run in runs:
         for name, value in run.values().items():

@@ -24,17 +24,20 @@ def history_for(location: str | None, default_root: str) -> History:
 
 @task(name="judge-benchmark", retries=2, retry_delay_seconds=10)
 def judge(record: BenchmarkRecord, location: str | None, default_root: str, window: int,
-          thresholds: dict[str, float] | None) -> list[Comparison]:
+          thresholds: dict[str, float] | None, new_baseline: bool = False) -> list[Comparison]:
     """Compare ``record`` with the median of the last ``window`` passing runs, store it with its
-    verdict, and publish this run against the baseline (table) and the trend (chart)."""
+    verdict, and publish this run against the baseline (table) and the trend (chart).
+    ``new_baseline``: the run passes whatever it measured and later runs compare with it."""
     history = history_for(location, default_root)
     earlier = history.load(record.spec_name, record.fingerprint, other_than=record.flow_run_id)
     base, base_runs = baseline(earlier, window)
     comparisons = compare(record, base, thresholds)
-    record.regressions = [c.metric for c in comparisons if c.regressed]
+    record.starts_baseline = new_baseline
+    record.regressions = [] if new_baseline else [c.metric for c in comparisons if c.regressed]
     record.passed = not record.regressions
     path = history.append(record)
-    verdict = (f"regressed: {', '.join(record.regressions)}" if record.regressions
+    verdict = ("accepted as a new baseline" if new_baseline
+               else f"regressed: {', '.join(record.regressions)}" if record.regressions
                else "passed" if base_runs else "passed (first run of this configuration: it starts the baseline)")
     create_table_artifact(comparison_rows(comparisons), key=artifact_key(record.spec_name, "benchmark"),
                           description=f"this run against the median of {len(base_runs)} earlier passing run(s); "
@@ -49,11 +52,17 @@ def judge(record: BenchmarkRecord, location: str | None, default_root: str, wind
         values = run.values()
         lines.append(f"| {run.started} | {_cell(values.get('tokens_per_s'), ',.0f')} | "
                      f"{_cell(values.get('step_time_ms'), '.1f')} | {_cell(values.get('final_loss'), '.4f')} | "
-                     f"{'passed' if run.passed else 'regressed: ' + ', '.join(run.regressions)} | "
+                     f"{_verdict(run)} | "
                      f"`{run.code_version[:16]}` |")
     create_markdown_artifact("\n".join(lines), key=artifact_key(record.spec_name, "benchmark-trend"),
                              description=f"trend of the last runs; history in {history.url}")
     return comparisons
+
+
+def _verdict(run: BenchmarkRecord) -> str:
+    if run.starts_baseline:
+        return "new baseline"
+    return "passed" if run.passed else "regressed: " + ", ".join(run.regressions)
 
 
 def _cell(value: Any, fmt: str) -> str:

@@ -34,6 +34,18 @@ def test_baseline_is_the_median_of_the_last_passing_runs():
     assert "mfu_pct" not in base  # no run measured it (CPU): nothing to compare
 
 
+def test_a_run_accepted_as_a_new_baseline_starts_it():
+    """After an intended slowdown, one run started with new_baseline resets the comparison: the
+    fast runs before it are no longer the measure."""
+    history = [a_record(1000, 50, passed=True, started=f"2026-11-0{day}T02:00:00Z") for day in (1, 2, 3)]
+    history.append(a_record(700, 70, passed=True, started="2026-11-04T02:00:00Z"))
+    history[-1].starts_baseline = True
+    history.append(a_record(690, 71, passed=True, started="2026-11-05T02:00:00Z"))
+    base, runs = baseline(history, window=5)
+    assert [r.started[:10] for r in runs] == ["2026-11-04", "2026-11-05"]
+    assert base["tokens_per_s"] == 695 and not any(c.regressed for c in compare(a_record(680, 72), base))
+
+
 def test_a_slower_run_regresses_on_throughput_and_step_time_but_not_on_noise():
     base = {"tokens_per_s": 1000.0, "step_time_ms": 100.0, "final_loss": 3.5}
     noisy = compare(a_record(960, 104), base)
