@@ -46,7 +46,7 @@ from tasks.slurm import (JobRequest, SlurmJobFailed, cluster_for, ends_cancelled
                          run_job, stage_request)
 from tasks.tokenize import eod_id
 from trainer.launch import native
-from trainer.launch.nxdt import nxdt_config, precompile_command, precompile_environment
+from trainer.launch.nxdt import MASTER_PORT, nxdt_config, precompile_command, precompile_environment
 
 CONFIG_NAME = "nxdt_config"  # conf/<name>.yaml; train's torchrun line names the same config
 NPC_LOG = "npc.log"
@@ -104,6 +104,10 @@ def node_script(spec: PretrainSpec, what: str, env: dict[str, str], config_dir: 
         "set -eo pipefail",
         "# train_setup.sh raises the open-file limit for a node's ranks; a lower hard limit set by the site stays",
         'ulimit -n 65535 2>/dev/null || ulimit -n "$(ulimit -Hn)"',
+        "# and, where sudo needs no password, keeps the rendezvous port out of the ephemeral range (another",
+        "# process taking it fails the launch) and caps Lustre's dirty cache per OST client as FSx advises",
+        f"sudo -n sysctl -w net.ipv4.ip_local_reserved_ports={MASTER_PORT} >/dev/null 2>&1 || true",
+        "if command -v lctl >/dev/null; then sudo -n lctl set_param 'osc.*.max_dirty_mb=64' >/dev/null 2>&1 || true; fi",
         *(f"export {name}={shell_word(value)}" for name, value in env.items()),
         "# a directory per node for its log (neuron_parallel_compile also writes its results JSON to the working",
         "# directory)",

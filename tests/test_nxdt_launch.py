@@ -103,8 +103,12 @@ def test_context_parallel_without_ring_attention_is_rejected():
 
 
 def test_train_sh_environment_and_torchrun_line():
-    env = train_environment()
-    assert env["MASTER_PORT"] == "41000" and env["FI_PROVIDER"] == "efa" and env["MALLOC_ARENA_MAX"] == "128"
+    # train_setup.sh's Slurm branch and what it sets in all branches (reference/nxdt.md §3.1)
+    assert train_environment() == {
+        "FI_EFA_USE_DEVICE_RDMA": "1", "FI_PROVIDER": "efa", "FI_EFA_FORK_SAFE": "1",
+        "XLA_DISABLE_FUNCTIONALIZATION": "0", "HYDRA_FULL_ERROR": "1", "MASTER_PORT": "41000",
+        "MALLOC_ARENA_MAX": "128", "CREATE_TB_LOGGER": "True", "CHECKPOINT_CALLBACK": "True",
+        "NEMO_EXPM_VERSION": "$SLURM_JOB_ID", "EXPLICIT_LOGDIR": "null"}
     line = torchrun_command(load_spec("llama3-70b-trn2"), "hf_llama3_70B_trn2_config")
     assert line[:12] == ["torchrun", "--nproc_per_node", "64", "--nnodes", "$NNODES", "--node_rank", "$NODE_RANK",
                          "--master_addr", "$MASTER_ADDR", "--master_port", "41000", "training_orchestrator.py"]

@@ -32,6 +32,10 @@ def test_render_writes_config_conversion_and_sbatch(tmp_path):
     assert 'export NEURON_COMPILE_CACHE_URL="/workspace/neuron_cache/node-$NODE_RANK"' in precompile
     # Training runs the same line with the same per-node cache, its checkpoints in the run directory.
     train = (out / "train.sh").read_text()
+    # train_setup.sh's node set-up, in both: the rendezvous port reserved, Lustre's dirty cache capped
+    for script in (precompile, train):
+        assert "sysctl -w net.ipv4.ip_local_reserved_ports=41000" in script
+        assert "lctl set_param 'osc.*.max_dirty_mb=64'" in script
     assert 'export NEURON_COMPILE_CACHE_URL="/workspace/neuron_cache/node-$NODE_RANK"' in train
     launch = (out / "torchrun.sh").read_text().strip().removesuffix(" exp_manager.explicit_log_dir=null")
     assert f"{launch} 'exp_manager.explicit_log_dir=<train-run>/exp' 2>&1 | tee -a train.log" in train
