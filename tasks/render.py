@@ -82,9 +82,9 @@ def render_files(spec: PretrainSpec, cluster: SlurmCluster | None = None) -> dic
         files["torchrun.sh"] = _shell(megatron_lm.torchrun_command(spec, f"{DATASET}/data_text_document", CHECKPOINTS))
         cluster = in_container(cluster, spec)
     # One batch script per job the run submits, shaped as the tasks shape them.
-    files["sbatch_tokenize.sh"] = _sbatch(spec, site, "tokenize-<i>-of-<n>", nodes=1)
+    files["sbatch_tokenize.sh"] = _sbatch(spec, site, "tokenize-<i>-of-<n>", nodes=1, gpus_per_node=None)
     if "convert.sh" in files:
-        files["sbatch_convert.sh"] = _sbatch(spec, site, f"{spec.name}-convert", nodes=1)
+        files["sbatch_convert.sh"] = _sbatch(spec, site, f"{spec.name}-convert", nodes=1, gpus_per_node=None)
     if spec.backend.kind == "neuron" or (spec.backend.kind == "native" and spec.backend.native.compile):
         files["sbatch_precompile.sh"] = _sbatch(spec, site, f"{spec.name}-precompile")
     stop_signal = spec.backend.native.stop_signal_delay_s if spec.backend.kind == "native" else 0

@@ -59,15 +59,21 @@ class JobRequest:
     # Seconds before the time limit at which Slurm sends USR2 to let a program checkpoint;
     # 0 lets Slurm end the job at its limit with state TIMEOUT.
     signal_delay_s: int = 0
+    # GPUs per node (--gpus-per-node), for jobs that train on NVIDIA GPUs; a cluster block's own
+    # gres setting takes their place.
+    gpus_per_node: int | None = None
 
 
 def stage_request(spec: Any, name: str, command: Callable[[], Any], **shape: Any) -> JobRequest:
     """A job of one stage, shaped by the spec's cluster section (nodes, CPUs and memory per task,
-    time limit); ``shape`` overrides (a one-node job, a stop signal). Every task submits through
+    time limit, the GPUs of a CUDA backend); ``shape`` overrides (a one-node job without GPUs, a
+    stop signal). Every task submits through
     this, and the dry run renders its sbatch scripts through it."""
-    c = spec.cluster
+    c, backend = spec.cluster, spec.backend
+    # On a cluster that schedules GPUs, a job sees none it did not ask for.
+    cuda = backend.kind == "megatron-lm" or (backend.kind == "native" and backend.native.device == "cuda")
     defaults = {"time_limit_min": c.time_limit_min, "nodes": c.nodes, "cpus_per_task": c.cpus_per_task,
-                "mem_gb": c.mem_gb}
+                "mem_gb": c.mem_gb, "gpus_per_node": c.devices_per_node if cuda else None}
     return JobRequest(name, command, **{**defaults, **shape})
 
 
@@ -205,6 +211,7 @@ def slurm_parameters(cluster: SlurmCluster, request: JobRequest) -> dict[str, An
         "account": cluster.account,
         "qos": cluster.qos,
         "gres": cluster.gres,
+        "gpus_per_node": None if cluster.gres else request.gpus_per_node,
         "exclusive": True if cluster.exclusive else None,
         "nodelist": ",".join(cluster.nodelist) or None,
         "exclude": ",".join(sorted({*cluster.exclude, *request.exclude})) or None,

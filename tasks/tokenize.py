@@ -157,7 +157,7 @@ def tokenize(spec: PretrainSpec, data_dir: str, reuse_only: bool = False) -> str
         requests = [stage_request(spec, f"tokenize-{i}-of-{shards}", Command(
             [*base, "--output-prefix", str(staging / DATA_PREFIX if arrow else parts / f"shard-{i}"),
              "--shard", f"{i}/{shards}",
-             "--record", str(parts / f"shard-{i}.json")]), nodes=1) for i in todo]
+             "--record", str(parts / f"shard-{i}.json")]), nodes=1, gpus_per_node=None) for i in todo]
         if requests:
             failed = [o for o in run_array(requests, cluster, folder) if isinstance(o, SlurmJobFailed)]
             if failed:
@@ -168,7 +168,7 @@ def tokenize(spec: PretrainSpec, data_dir: str, reuse_only: bool = False) -> str
             run_job(stage_request(spec, "tokenize-merge", Command(
                 [sys.executable, "-m", "trainer", "tokenize", "merge", "--output-prefix", str(staging / DATA_PREFIX),
                  *[str(parts / f"shard-{i}") for i in range(shards)], "--json-keys", *spec.data.json_keys]),
-                nodes=1, cpus_per_task=None), cluster, folder)
+                nodes=1, cpus_per_task=None, gpus_per_node=None), cluster, folder)
         shutil.rmtree(parts)
         done = manifest.write_manifest(
             staging, "tokenize", key, options=options, input_bytes=input_bytes, dtype=records[0]["dtype"],

@@ -60,6 +60,12 @@ def test_torchrun_in_the_pyxis_container():
         "--container-image=nvcr.io/nvidia/pytorch:24.09-py3", "--container-mounts=/fsx:/fsx"]
     files = render_files(spec)
     assert "--container-image=nvcr.io/nvidia/pytorch:24.09-py3" in files["sbatch_train.sh"]
+    # The GPUs training needs are asked for (a GPU-scheduling cluster shows a job none otherwise);
+    # the tokenizer asks for none, and a site's own gres setting takes the place of the request.
+    assert "#SBATCH --gpus-per-node=8" in files["sbatch_train.sh"]
+    assert "--gpus-per-node" not in files["sbatch_tokenize.sh"]
+    site = render_files(spec, SlurmCluster(executor="slurm", gres="gpu:h100:8"))["sbatch_train.sh"]
+    assert "#SBATCH --gres=gpu:h100:8" in site and "--gpus-per-node" not in site
     assert files["train_env.sh"] == "export CUDA_DEVICE_MAX_CONNECTIONS=1\n"
     smaller = flags(pretrain_gpt_args(load_spec("gpt3-7.5b-gpu", ["model.size=1.7B"]), "/d", "/c"))
     assert (smaller["--num-layers"], smaller["--hidden-size"], smaller["--num-attention-heads"]) == ("24", "2304", "24")
