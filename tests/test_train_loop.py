@@ -502,6 +502,37 @@ def test_tensor_parallel_matches_one_process(corpus, baseline, tmp_path):
     assert sorted((tuple(c.offsets), tuple(c.sizes)) for c in chunks) == [((0, 0), (64, 32)), ((0, 32), (64, 32))]
 
 
+def test_accumulation_and_activation_checkpointing_leave_the_numbers_alone(corpus, baseline, tmp_path):
+    """The baseline accumulates two micro-batches of 2 per step; one micro-batch of 4 is the same
+    step, and recomputing activations in the backward pass changes only the memory it takes."""
+    runs = {"one_micro_batch": {"micro_batch_size": 4}, "recomputed": {"parallel": {"activation_checkpointing": True}}}
+    for name, overrides in runs.items():
+        write_config(tmp_path / name, train_config(tmp_path / name, corpus, export_hf=None, **overrides))
+    procs = {name: start(tmp_path / name) for name in runs}
+    try:
+        for name, proc in procs.items():
+            assert proc.wait(300) == 0, (tmp_path / name / "log").read_text()[-4000:]
+    finally:
+        for proc in procs.values():
+            kill_all(proc)
+    for name in runs:
+        assert_losses_match(tmp_path / name, losses(baseline), 1e-4)
+
+
+def test_gpt2_family_trains_and_exports_to_transformers(corpus, tmp_path):
+    from transformers import GPT2LMHeadModel
+
+    run = tmp_path / "gpt2"
+    write_config(run, train_config(run, corpus, steps=8, model={
+        "family": "gpt", "num_layers": 2, "hidden_size": 64, "ffn_hidden_size": 256, "num_attention_heads": 4,
+        "num_kv_heads": None}))
+    assert_finished(train(run))
+    trained = losses(run)
+    assert trained[8] < trained[1] - 1.0, trained
+    model = GPT2LMHeadModel.from_pretrained(run / "hf")
+    assert (model.config.n_layer, model.config.n_embd, model.config.n_positions) == (2, 64, 64)
+
+
 # ---------------------------------------------------------------------------- disk full
 
 
@@ -532,3 +563,19 @@ def test_full_disk_during_a_checkpoint_keeps_the_previous_one(corpus, baseline, 
         verify(step_dir(mount, INTERVAL))
     finally:
         subprocess.run(["umount", str(mount)], check=True)
+
+
+def test_learning_rate_schedule_warms_up_then_decays_to_min_lr():
+    """Megatron's schedule: linear warm-up to lr, then cosine or linear decay to min_lr at the last step."""
+    import math
+
+    from trainer.train.config import OptimConfig
+    from trainer.train.optimizer import lr_at
+
+    cosine = OptimConfig(lr=1.0, min_lr=0.1, warmup_steps=4, decay_style="cosine")
+    assert [lr_at(s, cosine, 104) for s in range(4)] == [0.25, 0.5, 0.75, 1.0]
+    assert lr_at(4, cosine, 104) == 1.0 and math.isclose(lr_at(54, cosine, 104), 0.55)
+    assert math.isclose(lr_at(104, cosine, 104), 0.1) and math.isclose(lr_at(500, cosine, 104), 0.1)
+    linear = OptimConfig(lr=1.0, min_lr=0.0, decay_style="linear")
+    assert [lr_at(s, linear, 10) for s in (0, 5, 10)] == [1.0, 0.5, 0.0]
+    assert lr_at(7, OptimConfig(lr=0.3, decay_style="constant"), 10) == 0.3

@@ -391,3 +391,15 @@ def test_event_lines_after_the_last_step_are_signs_of_life(local_stack, tmp_path
         return "not hung"
 
     assert follow().startswith("no new metrics for 1.0 min (last step 2)")
+
+
+def test_only_a_node_failure_excludes_the_node_from_the_next_attempt(local_stack):
+    from tasks.slurm import SlurmJobFailed
+    from tasks.train import excluded_after
+
+    def failure(state: str) -> SlurmJobFailed:
+        return SlurmJobFailed("42", "tiny-local-train", state, "", [], exit_code="0:0", nodes="trn1-[3-4]")
+
+    assert excluded_after(failure("NODE_FAIL")) == {"trn1-3", "trn1-4"}
+    # A crash, a cancel or a time limit says nothing against the nodes: they stay in.
+    assert excluded_after(failure("FAILED")) == set() == excluded_after(failure("TIMEOUT"))
