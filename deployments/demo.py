@@ -49,11 +49,11 @@ def ensure_tokenizer() -> Path:
     return directory
 
 
-def save_credentials_block(endpoint: str) -> None:
+def save_credentials_block(endpoint: str, secret: str = "demo") -> None:
     from prefect_aws import AwsClientParameters, AwsCredentials
 
     AwsCredentials(
-        aws_access_key_id="demo", aws_secret_access_key="demo", region_name="us-east-1",
+        aws_access_key_id="demo", aws_secret_access_key=secret, region_name="us-east-1",
         aws_client_parameters=AwsClientParameters(endpoint_url=endpoint),
     ).save(CREDENTIALS_BLOCK, overwrite=True)
 

@@ -30,6 +30,7 @@ PREFECT = str(Path(sys.executable).with_name("prefect"))
 POOL = "pretrain"  # the work pool deployments/prefect.yaml names
 # Where the UI screenshots are kept for a person to look at (out/ is ignored by git).
 SCREENSHOTS = REPO / "out" / "test-screenshots"
+SECRET = "s3-secret-never-logged-5f0c1e"
 
 
 @pytest.fixture(scope="module")
@@ -90,7 +91,8 @@ def worker(deployed, root, tmp_path_factory):
 def tiny_local(worker, local_stack, tmp_path_factory) -> list[str]:
     """The demo's corpus and credentials on the stack, and overrides for a short tiny-local run."""
     seed_corpus(local_stack["PRETRAIN_S3_ENDPOINT"])
-    save_credentials_block(local_stack["PRETRAIN_S3_ENDPOINT"])
+    # The S3 server takes any key; this one is distinctive, so a test can look for it where it must not be.
+    save_credentials_block(local_stack["PRETRAIN_S3_ENDPOINT"], secret=SECRET)
     tokenizer = llama3_style(tmp_path_factory.mktemp("tokenizer"), corpus_texts())
     return [f"tokenizer.path={tokenizer}", "training.train_steps=16", "training.checkpoint_interval=8",
             "training.eval_interval=8", "training.eval_iters=2"]
@@ -130,6 +132,18 @@ def artifacts_of(run_id: str) -> dict:
     with get_client(sync_client=True) as client:
         found = client.read_artifacts(artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[run_id])))
     return {a.key: a for a in found if a.key}
+
+
+def logs_of(run_id: str) -> list:
+    from prefect import get_client
+    from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
+
+    logs: list = []
+    with get_client(sync_client=True) as client:
+        while page := client.read_logs(log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[run_id])),
+                                       limit=200, offset=len(logs)):
+            logs.extend(page)
+    return logs
 
 
 def squeue(name: str) -> list[tuple[str, str]]:
@@ -228,7 +242,7 @@ def test_llama3_70b_dry_run_publishes_every_rendered_file(worker):
 # ------------------------------------------------------------------------------ a real run
 
 
-def test_tiny_local_run_publishes_every_artifact_and_the_ui_draws_the_loss_curve(worker, tiny_local):
+def test_tiny_local_run_publishes_every_artifact_and_the_ui_draws_the_loss_curve(worker, tiny_local, root):
     run = wait_for(run_deployment(worker, "pretrain/tiny-local", {"overrides": tiny_local}), worker)
     assert run.state.is_completed(), run.state.message
     artifacts = artifacts_of(run.id)
@@ -240,6 +254,13 @@ def test_tiny_local_run_publishes_every_artifact_and_the_ui_draws_the_loss_curve
     points = [p for p in json.loads(artifacts["tiny-local-loss-points"].data) if p["loss"] is not None]
     assert [p["step"] for p in points] == list(range(1, 17))
     assert "final train loss" in artifacts["tiny-local-run-summary"].data
+    # The credentials block's secret reached S3 and nowhere else: not the run's logs, artifacts,
+    # job scripts and logs, nor the worker's log.
+    assert not [a.key for a in artifacts.values() if SECRET in f"{a.data} {a.description}"]
+    assert not [log.message for log in logs_of(run.id) if SECRET in log.message]
+    job_files = [p for p in (root / "jobs").rglob("*") if p.is_file() and p.suffix != ".pkl"]
+    assert job_files and not [p for p in job_files if SECRET in p.read_text(errors="replace")]
+    assert SECRET not in worker["log"].read_text()
 
     # The artifact's page in the UI, as a browser draws it: the mermaid chart and the PNG.
     curve = artifacts["tiny-local-loss-curve"]
