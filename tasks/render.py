@@ -52,8 +52,11 @@ def render_files(spec: PretrainSpec, cluster: SlurmCluster | None = None) -> dic
     site = cluster = cluster or SlurmCluster(executor="slurm")
     files = {"spec.yaml": yaml.safe_dump(json.loads(spec.model_dump_json()), sort_keys=False)}
     tok = spec.tokenizer
-    tokenizer_flags = (["--vocab-file", tok.vocab_file, "--merge-file", tok.merges_file] if tok.type == "gpt2-bpe"
-                       else ["--tokenizer-model", tok.path])
+    def local(value: str) -> str:  # a URI is read among the fetched files, by its name (tasks/tokenize.py)
+        return f"{FETCHED}/{Path(value).name}" if "://" in value else value
+
+    tokenizer_flags = (["--vocab-file", local(tok.vocab_file), "--merge-file", local(tok.merges_file)]
+                       if tok.type == "gpt2-bpe" else ["--tokenizer-model", local(tok.path)])
     shards = (["--format", "nxd-arrow", "--seq-length", str(spec.model.seq_length)] if arrow_output(spec)
               else ["--shard", "$SHARD/$SHARDS"])
     files["tokenize.sh"] = _shell(["python", "-m", "trainer", "tokenize", "--input", FETCHED, "--output-prefix",

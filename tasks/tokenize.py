@@ -111,6 +111,9 @@ def tokenize(spec: PretrainSpec, data_dir: str, reuse_only: bool = False) -> str
     logger = get_run_logger()
     data = Path(data_dir)
     if (dataset := pretokenized(data)) is not None:
+        if spec.tokenizer.type == "gpt2-bpe":
+            # Training reads the vocab and merges beside the dataset, where the runbooks put them.
+            tokenizer_files(spec, Path(dataset).parent)
         logger.info("tokenize: the fetched data is a tokenized dataset already; handing on %s", dataset)
         create_markdown_artifact(f"**Dataset** (fetched, tokenized already): `{dataset}`",
                                  key=artifact_key(spec.name, "dataset"), description="tokenized dataset")
@@ -170,6 +173,10 @@ def tokenize(spec: PretrainSpec, data_dir: str, reuse_only: bool = False) -> str
                  *[str(parts / f"shard-{i}") for i in range(shards)], "--json-keys", *spec.data.json_keys]),
                 nodes=1, cpus_per_task=None, gpus_per_node=None), cluster, folder)
         shutil.rmtree(parts)
+        if spec.tokenizer.type == "gpt2-bpe":
+            # The launches name the tokenizer beside the dataset (trainer/launch/dataset_files.py).
+            for path in tok_files.values():
+                shutil.copyfile(path, staging / path.name)
         done = manifest.write_manifest(
             staging, "tokenize", key, options=options, input_bytes=input_bytes, dtype=records[0]["dtype"],
             documents=sum(r["documents"] for r in records), skipped=sum(r["skipped"] for r in records),

@@ -36,8 +36,8 @@ def test_published_gpt3_7_5b_values():
                 "--lr": "6e-05", "--min-lr": "6e-06", "--lr-decay-style": "cosine", "--log-interval": "1",
                 "--eval-interval": "1000", "--clip-grad": "1.0", "--weight-decay": "0.1", "--adam-beta1": "0.9",
                 "--adam-beta2": "0.95", "--init-method-std": "0.006", "--recompute-activations": True,
-                "--vocab-file": "https://s3.amazonaws.com/models.huggingface.co/bert/gpt2-vocab.json",
-                "--merge-file": "https://s3.amazonaws.com/models.huggingface.co/bert/gpt2-merges.txt",
+                # the tokenizer's files beside the dataset, where tokenize keeps them (a URL opens nowhere)
+                "--vocab-file": "/fsx/gpt2-vocab.json", "--merge-file": "/fsx/gpt2-merges.txt",
                 "--tokenizer-type": "GPT2BPETokenizer"}
     assert {k: args.get(k) for k in schedule} == schedule
     assert "--lr-warmup-iters" not in args and "--train-iters" not in args and "--lr-decay-iters" not in args
@@ -67,5 +67,8 @@ def test_torchrun_in_the_pyxis_container():
     site = render_files(spec, SlurmCluster(executor="slurm", gres="gpu:h100:8"))["sbatch_train.sh"]
     assert "#SBATCH --gres=gpu:h100:8" in site and "--gpus-per-node" not in site
     assert files["train_env.sh"] == "export CUDA_DEVICE_MAX_CONNECTIONS=1\n"
+    # the data preprocessing step reads the tokenizer fetch brought; training reads tokenize's copy
+    assert "--vocab-file '<fetch-output>/gpt2-vocab.json' --merge-file '<fetch-output>/gpt2-merges.txt'" in files["tokenize.sh"]
+    assert "--vocab-file '<tokenize-output>/gpt2-vocab.json'" in files["torchrun.sh"]
     smaller = flags(pretrain_gpt_args(load_spec("gpt3-7.5b-gpu", ["model.size=1.7B"]), "/d", "/c"))
     assert (smaller["--num-layers"], smaller["--hidden-size"], smaller["--num-attention-heads"]) == ("24", "2304", "24")

@@ -64,6 +64,8 @@ GPT = {
     "distributed_strategy.sequence_parallel": True, "data.micro_batch_size": 1, "data.global_batch_size": 1024,
     "data.data_prefix": [1.0, "/data/my-gpt2_text_document"], "data.data_impl": "mmap",
     "data.splits_string": "980,10,10", "data.seq_length": 2048, "data.tokenizer.type": "GPT2BPETokenizer",
+    "data.tokenizer.library": "megatron", "data.tokenizer.vocab_file": "/data/gpt2-vocab.json",
+    "data.tokenizer.merge_file": "/data/gpt2-merges.txt", "model.attention_dropout": 0.1,
     "model.num_layers": 32, "model.hidden_size": 4096, "model.ffn_hidden_size": 16384,
     "model.num_attention_heads": 32, "model.num_kv_heads": 32, "model.position_embedding_type": "learned_absolute",
     "model.activation": "gelu", "model.normalization": "layernorm", "model.has_bias": True,

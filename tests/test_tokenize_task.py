@@ -12,7 +12,7 @@ from prefect import flow
 from pretrain import manifest
 from pretrain.corpus import corpus_texts
 from pretrain.presets import load_spec
-from pretrain.toy_tokenizers import llama3_style
+from pretrain.toy_tokenizers import gpt2_style, llama3_style
 from tasks.tokenize import TokenizeFailed, tokenize
 from trainer.tokenizer import load_tokenizer
 
@@ -91,6 +91,13 @@ def test_a_fetched_dataset_that_is_tokenized_already_is_handed_on(layout, tmp_pa
             builder.add_document(document, [len(document)])
         builder.finalize(str(data / "my-gpt2_text_document.idx"))
         expected = str(data / "my-gpt2_text_document")
+        # Training reads the tokenizer's files beside the dataset: without them, fail naming them.
+        spec = load_spec("megatron-gpt-6.7b", [f"paths.root={tmp_path}"])
+        with pytest.raises(TokenizeFailed, match="gpt2-vocab.json not found"):
+            tokenize_once(spec, str(data))
+        # as fetch brings them with the preset's sources
+        for path, name in zip(gpt2_style(tmp_path / "tok", corpus_texts()[:50]), ("gpt2-vocab.json", "gpt2-merges.txt")):
+            path.rename(data / name)
     else:
         writer = NxdArrowWriter(tmp_path / "arrow", seq_length=16)
         writer.add_documents(np.concatenate(documents), np.array([len(d) for d in documents]))
@@ -101,6 +108,30 @@ def test_a_fetched_dataset_that_is_tokenized_already_is_handed_on(layout, tmp_pa
     spec = load_spec("megatron-gpt-6.7b" if layout == "megatron" else "llama3-70b", [f"paths.root={tmp_path}"])
     assert tokenize_once(spec, str(data)) == expected
     assert not (tmp_path / "tokenize").exists() and not (tmp_path / "jobs").exists()
+
+
+def test_the_dataset_keeps_its_gpt2_tokenizer_where_the_launches_read_it(tmp_path):
+    """A GPT spec names its tokenizer by URI or by a path on the control plane's machine; the
+    nodes read the copy the tokenize stage keeps beside the dataset, as the launches name it."""
+    from trainer.launch.megatron_lm import pretrain_gpt_args
+    from trainer.launch.nxdt import nxdt_config
+
+    texts = corpus_texts()[:100]
+    data = fetched_corpus(tmp_path, [json.dumps({"text": t}) + "\n" for t in texts])
+    vocab, merges = gpt2_style(tmp_path / "tok", texts)
+    overrides = [f"paths.root={tmp_path}", f"tokenizer.vocab_file={vocab}", f"tokenizer.merges_file={merges}",
+                 "cluster.executor=local"]
+    for preset in ("megatron-gpt-6.7b", "gpt3-7.5b-gpu"):
+        spec = load_spec(preset, overrides)
+        dataset = tokenize_once(spec, str(data))
+        if preset == "megatron-gpt-6.7b":
+            tokenizer = nxdt_config(spec, dataset)["data"]["tokenizer"]
+            read = [tokenizer["vocab_file"], tokenizer["merge_file"]]
+        else:
+            args = pretrain_gpt_args(spec, dataset, "/ckpt")
+            read = [args[args.index("--vocab-file") + 1], args[args.index("--merge-file") + 1]]
+        assert [Path(p).read_bytes() for p in read] == [vocab.read_bytes(), merges.read_bytes()]
+        assert Path(read[0]).parent == Path(dataset).parent
 
 
 def test_nxdt_llama_specs_get_nxd_arrow_blocks_of_their_sequence_length(local_stack, tmp_path):

@@ -4,6 +4,7 @@ that runs inside the pyxis container (the ParallelCluster / HyperPod / EKS GPT-3
 from __future__ import annotations
 
 from pretrain.spec import MegatronLMSpec, PretrainSpec
+from trainer.launch.dataset_files import gpt2_bpe_files
 
 MASTER_PORT = 29500
 PRETRAIN_GPT = "/workspace/Megatron-LM/pretrain_gpt.py"
@@ -12,7 +13,7 @@ PRETRAIN_GPT = "/workspace/Megatron-LM/pretrain_gpt.py"
 def pretrain_gpt_args(spec: PretrainSpec, data_prefix: str, checkpoint_dir: str) -> list[str]:
     """The arguments, in the runbooks' order of concerns: model, parallelism, batch and schedule,
     data, logging and checkpoints. Benchmark mode evaluates nothing (split 100,0,0)."""
-    m, p, t, tok = spec.model, spec.parallel, spec.training, spec.tokenizer
+    m, p, t = spec.model, spec.parallel, spec.training
     mlm = spec.backend.megatron_lm or MegatronLMSpec()
     args = ["--num-layers", str(m.num_layers), "--hidden-size", str(m.hidden_size),
             "--num-attention-heads", str(m.num_attention_heads), "--seq-length", str(m.seq_length),
@@ -43,8 +44,9 @@ def pretrain_gpt_args(spec: PretrainSpec, data_prefix: str, checkpoint_dir: str)
     if mlm.recompute_activations:
         args.append("--recompute-activations")
     split, eval_iters = ("100,0,0", 0) if t.benchmark else (spec.data.split, t.eval_iters)
+    vocab, merges = gpt2_bpe_files(spec, data_prefix)
     args += ["--data-path", data_prefix, "--split", split, "--tokenizer-type", "GPT2BPETokenizer",
-             "--vocab-file", tok.vocab_file or "", "--merge-file", tok.merges_file or "",
+             "--vocab-file", vocab, "--merge-file", merges,
              "--log-interval", "1", "--eval-interval", str(t.eval_interval), "--eval-iters", str(eval_iters),
              "--save", checkpoint_dir, "--load", checkpoint_dir, "--save-interval", str(t.checkpoint_interval)]
     return args

@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from pretrain.spec import PretrainSpec
+from trainer.launch.dataset_files import gpt2_bpe_files
 
 MASTER_PORT = 41000  # train_setup.sh's fixed rendezvous port
 
@@ -97,12 +98,13 @@ def _llama(spec: PretrainSpec, data_dir: str, init_checkpoint: str | None) -> di
 
 
 def _gpt(spec: PretrainSpec, data_prefix: str) -> dict[str, Any]:
-    m, t, tok = spec.model, spec.training, spec.tokenizer
+    m, t = spec.model, spec.training
+    vocab, merges = gpt2_bpe_files(spec, data_prefix)
     data = {"micro_batch_size": t.micro_batch_size, "global_batch_size": t.global_batch_size,
             "data_prefix": [1.0, data_prefix], "data_impl": "mmap", "splits_string": spec.data.split,
             "seq_length": m.seq_length,
-            "tokenizer": {"library": "megatron", "type": "GPT2BPETokenizer", "vocab_file": tok.vocab_file,
-                          "merge_file": tok.merges_file}}
+            "tokenizer": {"library": "megatron", "type": "GPT2BPETokenizer", "vocab_file": vocab,
+                          "merge_file": merges}}
     model = {"encoder_seq_length": m.seq_length, "max_position_embeddings": m.max_position_embeddings,
              "num_layers": m.num_layers, "hidden_size": m.hidden_size, "ffn_hidden_size": m.ffn_hidden_size,
              "num_attention_heads": m.num_attention_heads, "num_kv_heads": m.kv_heads,
