@@ -78,9 +78,12 @@ def show_artifacts(flow_run_id) -> None:
             print("\n".join(f"  {line}" for line in str(data).splitlines() if "data:image" not in line))
 
 
-def main() -> int:
+def main(inputs_only: bool = False) -> int:
+    """``inputs_only``: set up what tiny-local reads (the corpus on the local S3 server, its
+    credentials block in the Prefect API this process talks to, the tokenizer) and run nothing,
+    for ``prefect deployment run pretrain/tiny-local`` against the stack's server."""
     components = ["s3"]
-    if os.geteuid() == 0 and shutil.which("slurmctld"):
+    if os.geteuid() == 0 and shutil.which("slurmctld") and not inputs_only:
         components.insert(0, "slurm")
     stack.up(components=tuple(components))
     endpoint = stack.environment()["PRETRAIN_S3_ENDPOINT"]
@@ -88,7 +91,10 @@ def main() -> int:
         os.environ["SLURM_CONF"] = stack.environment()["SLURM_CONF"]
     seed_corpus(endpoint)
     save_credentials_block(endpoint)
-    ensure_tokenizer()
+    tokenizer = ensure_tokenizer()
+    if inputs_only:
+        print(f"s3://{BUCKET}/corpus/ on {endpoint}, block {CREDENTIALS_BLOCK!r}, tokenizer {tokenizer}")
+        return 0
 
     from flows.pretrain import pretrain
 

@@ -5,7 +5,7 @@
     pretrain run PRESET_OR_FILE [--set k=v]...       run the pretrain flow
     pretrain render PRESET_OR_FILE --out DIR         write every file a run would launch
     pretrain stack up|down|status|reset|env          the local Slurm + S3 + Prefect stack
-    pretrain demo                                    the whole pipeline on tiny-local, set up here
+    pretrain demo [--inputs-only]                    the whole pipeline on tiny-local, set up here
 """
 
 from __future__ import annotations
@@ -63,10 +63,10 @@ def _stack(args: argparse.Namespace) -> int:
     return stack.main(args.rest)
 
 
-def _demo(_: argparse.Namespace) -> int:
+def _demo(args: argparse.Namespace) -> int:
     from deployments.demo import main
 
-    return main()
+    return main(inputs_only=args.inputs_only)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -87,7 +87,10 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("stack", help="the local Slurm + S3 + Prefect stack", add_help=False)
     p.add_argument("rest", nargs=argparse.REMAINDER)
     p.set_defaults(fn=_stack)
-    sub.add_parser("demo", help="run the pipeline on tiny-local, end to end").set_defaults(fn=_demo)
+    p = sub.add_parser("demo", help="run the pipeline on tiny-local, end to end")
+    p.add_argument("--inputs-only", action="store_true",
+                   help="set up tiny-local's corpus, credentials block and tokenizer, run nothing")
+    p.set_defaults(fn=_demo)
     args = parser.parse_args(argv)
     if hasattr(args, "spec"):
         from pretrain.presets import SpecError, load_spec

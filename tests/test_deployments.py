@@ -435,3 +435,30 @@ def flow_run_process(run_id: str, worker_pid: int) -> int:
         except OSError:
             continue
     pytest.fail(f"no child of the worker has {marker.decode()}")
+
+
+# ------------------------------------------------------------------------- the demo's inputs
+
+
+def test_demo_inputs_only_prepares_tiny_local_for_the_stacks_server(server, tmp_path):
+    """`pretrain demo --inputs-only` sets up what `prefect deployment run pretrain/tiny-local`
+    reads here: the corpus on the local S3 server, its credentials block on the server the CLI
+    talks to, and the tokenizer; it runs nothing."""
+    import boto3
+    from prefect_aws import AwsCredentials
+
+    from deployments.demo import BUCKET, CREDENTIALS_BLOCK
+
+    delete_block("aws-credentials", CREDENTIALS_BLOCK)
+    env = {**server["env"], "HOME": str(tmp_path), "PRETRAIN_STACK_DIR": str(stack.stack_dir())}
+    out = subprocess.run([str(Path(sys.executable).with_name("pretrain")), "demo", "--inputs-only"], cwd=REPO,
+                         env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    block = AwsCredentials.load(CREDENTIALS_BLOCK)
+    endpoint = block.aws_client_parameters.endpoint_url
+    s3 = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1", aws_access_key_id="demo",
+                      aws_secret_access_key="demo")
+    keys = [o["Key"] for o in s3.list_objects_v2(Bucket=BUCKET, Prefix="corpus/")["Contents"]]
+    assert keys == ["corpus/part-00000.jsonl", "corpus/part-00001.jsonl.zst"]
+    assert (tmp_path / ".pretrain" / "tokenizers" / "tiny-local" / "tokenizer.json").is_file()
+    assert not list((tmp_path / ".pretrain").glob("data/*"))  # nothing ran
