@@ -82,6 +82,9 @@ def main(inputs_only: bool = False) -> int:
     """``inputs_only``: set up what tiny-local reads (the corpus on the local S3 server, its
     credentials block in the Prefect API this process talks to, the tokenizer) and run nothing,
     for ``prefect deployment run pretrain/tiny-local`` against the stack's server."""
+    # The ephemeral API server migrates a new database before it answers: on a fresh machine with
+    # two busy cores that took longer than Prefect's default 20 s wait (seen in CI).
+    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
     components = ["s3"]
     if os.geteuid() == 0 and shutil.which("slurmctld") and not inputs_only:
         components.insert(0, "slurm")
