@@ -19,7 +19,7 @@ from pretrain.spec import PretrainSpec
 from tasks.artifacts import artifact_key
 from tasks.precompile import CONFIG_NAME, precompile_script, shell_line
 from tasks.slurm import MissingClusterBlock, job_folder, load_cluster_block, slurm_parameters, stage_request
-from tasks.tokenize import arrow_output
+from tasks.tokenize import arrow_output, local_path
 from tasks.train_megatron import in_container
 from tasks.train_nxdt import train_script
 from trainer.launch import megatron_lm, native, nxdt
@@ -52,8 +52,8 @@ def render_files(spec: PretrainSpec, cluster: SlurmCluster | None = None) -> dic
     site = cluster = cluster or SlurmCluster(executor="slurm")
     files = {"spec.yaml": yaml.safe_dump(json.loads(spec.model_dump_json()), sort_keys=False)}
     tok = spec.tokenizer
-    def local(value: str) -> str:  # a URI is read among the fetched files, by its name (tasks/tokenize.py)
-        return f"{FETCHED}/{Path(value).name}" if "://" in value else value
+    def local(value: str) -> str:
+        return str(local_path(value, Path(FETCHED))) if "://" in value else value
 
     tokenizer_flags = (["--vocab-file", local(tok.vocab_file), "--merge-file", local(tok.merges_file)]
                        if tok.type == "gpt2-bpe" else ["--tokenizer-model", local(tok.path)])

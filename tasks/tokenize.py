@@ -39,6 +39,11 @@ class TokenizeFailed(RuntimeError):
     pass
 
 
+def local_path(value: str, data_dir: Path) -> Path:
+    """Where a tokenizer file named in the spec is read: a URI among the fetched files, by its name."""
+    return data_dir / Path(value).name if "://" in value else Path(value).expanduser()
+
+
 def tokenizer_files(spec: PretrainSpec, data_dir: Path) -> dict[str, Path]:
     """The tokenizer's local files; a URI is looked up by name among the fetched files."""
     t = spec.tokenizer
@@ -46,9 +51,7 @@ def tokenizer_files(spec: PretrainSpec, data_dir: Path) -> dict[str, Path]:
              else {"--tokenizer-model": t.path})
     files = {}
     for flag, value in named.items():
-        local = Path(value).expanduser()
-        if "://" in value:
-            local = data_dir / Path(value).name
+        local = local_path(value, data_dir)
         if not local.exists():
             raise TokenizeFailed(f"tokenizer file {value} not found (looked at {local}); fix tokenizer in the "
                                  "spec, or add the URI to data.sources so fetch brings it")
