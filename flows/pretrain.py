@@ -88,7 +88,7 @@ def run_stages(spec: PretrainSpec, stages: list[str] | None = None) -> tuple[dic
 
 @flow(name="pretrain", log_prints=True)
 def pretrain(preset: str = "tiny-local", overrides: list[str] | None = None, stages: list[Stage] | None = None,
-             cluster_block: str | None = None, dry_run: bool = False) -> Any:
+             cluster_block: str | None = None, init_from: str | None = None, dry_run: bool = False) -> Any:
     """LLM pre-training from raw data to a trained, monitored model on a Slurm cluster.
 
     Args:
@@ -100,12 +100,16 @@ def pretrain(preset: str = "tiny-local", overrides: list[str] | None = None, sta
             every stage that applies. A stage left out hands on its existing output.
         cluster_block: Name of the SlurmCluster block with the site's settings (partition,
             account, setup lines); empty: the spec's `cluster.block`, else Slurm's defaults.
+        init_from: A Hugging Face checkpoint directory to continue pre-training from (converted
+            first on Trainium); empty: the spec's `model.init_from`, else training from scratch.
         dry_run: Publish every rendered script and config (sbatch, NxDT YAML, conversion command,
             torchrun lines) as artifacts and submit nothing.
     """
-    spec = load_spec(preset, overrides or [])
-    if cluster_block:
-        spec = spec.model_copy(update={"cluster": spec.cluster.model_copy(update={"block": cluster_block})})
+    # A deployment's named parameters come first and the user's overrides after them, so an
+    # override wins, and passing overrides (which replaces the whole list) keeps a deployment's
+    # cluster block and checkpoint.
+    named = [f"cluster.block={cluster_block}"] * bool(cluster_block) + [f"model.init_from={init_from}"] * bool(init_from)
+    spec = load_spec(preset, [*named, *(overrides or [])])
     if dry_run:
         return {"rendered": publish_rendered(spec)}
     try:

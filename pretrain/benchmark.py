@@ -116,14 +116,14 @@ def record_from_run(spec: dict[str, Any], flow_run_id: str, train: dict[str, Any
 @dataclass(frozen=True)
 class Comparison:
     metric: str
-    value: float
+    value: float | None  # None: this run did not measure a metric its baseline has
     baseline: float | None
     rule: Rule
 
     @property
     def change(self) -> float | None:
         """Relative change against the baseline; positive is worse."""
-        if self.baseline is None or self.baseline == 0:
+        if self.value is None or self.baseline is None or self.baseline == 0:
             return None
         delta = (self.value - self.baseline) / abs(self.baseline)
         return -delta if self.rule.higher_is_better else delta
@@ -132,12 +132,16 @@ class Comparison:
     def regressed(self) -> bool:
         if self.baseline is None:
             return False
+        if self.value is None:
+            return True  # a metric that stopped being measured hides whatever it would show
         worse_by = (self.baseline - self.value) if self.rule.higher_is_better else (self.value - self.baseline)
         return worse_by > self.rule.absolute and worse_by > self.rule.relative * abs(self.baseline)
 
     def describe(self) -> str:
         unit = f" {self.rule.unit}" if self.rule.unit else ""
         change = f" ({self.change:+.1%} worse)" if self.change is not None else ""
+        if self.value is None:
+            return f"{self.metric}: not measured by this run, against a baseline of {self.baseline:,.4g}{unit}"
         return (f"{self.metric} {self.value:,.4g}{unit} against a baseline of {self.baseline:,.4g}{unit}{change}; "
                 f"threshold {self.rule.relative:.0%}")
 
@@ -156,9 +160,12 @@ def baseline(history: list[BenchmarkRecord], window: int) -> tuple[dict[str, flo
 
 def compare(record: BenchmarkRecord, base: dict[str, float],
             thresholds: dict[str, float] | None = None) -> list[Comparison]:
-    """Every metric of ``record`` that has a rule, against ``base``."""
-    return [Comparison(name, value, base.get(name), rule_for(name, thresholds))
-            for name, value in record.values().items() if name in RULES or name.startswith(STAGE_PREFIX)]
+    """Every metric of ``record`` or of ``base`` that has a rule, against ``base``; a metric of the
+    baseline that this run lacks compares as missing (a stage or a counter that vanished)."""
+    values = record.values()
+    return [Comparison(name, values.get(name), base.get(name), rule_for(name, thresholds))
+            for name in sorted({*values, *base}, key=[*values, *base].index)
+            if name in RULES or name.startswith(STAGE_PREFIX)]
 
 
 class History:
@@ -209,7 +216,7 @@ def comparison_rows(comparisons: list[Comparison]) -> list[dict[str, Any]]:
     """The table artifact: this run against the baseline, regressions first."""
     rows = []
     for c in sorted(comparisons, key=lambda c: (not c.regressed, c.metric)):
-        rows.append({"metric": c.metric, "this run": round(c.value, 4),
+        rows.append({"metric": c.metric, "this run": None if c.value is None else round(c.value, 4),
                      "baseline": None if c.baseline is None else round(c.baseline, 4),
                      "change (worse +)": None if c.change is None else f"{c.change:+.1%}",
                      "threshold": f"{c.rule.relative:.0%}" + (f" and {c.rule.absolute:g} {c.rule.unit}".rstrip()

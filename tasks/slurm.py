@@ -34,7 +34,8 @@ from prefect.states import Cancelled, State
 from blocks.cluster import SlurmCluster
 from pretrain.command import LEASE, Leased
 
-# sacct states after which the job will not run again (PREEMPTED and REQUEUED are followed by a restart).
+# sacct states after which the job will not run again (REQUEUED is followed by a restart, and
+# PREEMPTED too where the partition requeues preempted jobs: `ended` tells).
 TERMINAL_STATES = {
     "COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
     "BOOT_FAIL", "DEADLINE", "REVOKED",
@@ -162,11 +163,14 @@ def query_slurm_state(job_id: str) -> SacctRecord | None:
     if out.returncode == 0:
         return parse_sacct(out.stdout).get(job_id)
     # Accounting is off or down: a job squeue no longer lists has ended (torchx does the same).
-    queue = subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%T"],
-                           capture_output=True, text=True, timeout=60)
-    if queue.returncode == 0 and queue.stdout.strip():
-        return SacctRecord(job_id, queue.stdout.split()[0], "", "", "")
-    return SacctRecord(job_id, "ENDED_UNKNOWN", "", "", "")
+    state = queue_state(job_id)
+    return SacctRecord(job_id, state or "ENDED_UNKNOWN", "", "", "")
+
+
+def queue_state(job_id: str) -> str | None:
+    """The job's state as squeue lists it; None once the controller no longer queues it."""
+    queue = subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%T"], capture_output=True, text=True, timeout=60)
+    return queue.stdout.split()[0] if queue.returncode == 0 and queue.stdout.strip() else None
 
 
 def job_running(job: submitit.Job) -> bool:
@@ -406,9 +410,16 @@ def _job_finished(job: submitit.Job, kind: str) -> SacctRecord | None:
     if kind == "local":
         return SacctRecord(job.job_id, job.state, "", "localhost", "") if job.done() else None
     record = query_slurm_state(job.job_id)
-    if record is not None and (record.state in TERMINAL_STATES or record.state == "ENDED_UNKNOWN"):
-        return record
-    return None
+    return record if record is not None and ended(record) else None
+
+
+def ended(record: SacctRecord) -> bool:
+    """Whether the job will not run again. PREEMPTED is final where the partition cancels
+    preempted jobs (spot capacity) and passing where it requeues them; squeue, which lists a
+    requeued job again, tells which."""
+    if record.state == "PREEMPTED":
+        return queue_state(record.job_id) is None
+    return record.state in TERMINAL_STATES or record.state == "ENDED_UNKNOWN"
 
 
 def _outcome(job: submitit.Job, name: str, record: SacctRecord, follower: LogFollower) -> list[Any] | SlurmJobFailed:
@@ -423,7 +434,8 @@ def _outcome(job: submitit.Job, name: str, record: SacctRecord, follower: LogFol
     try:
         return job.results()
     except (submitit.core.utils.FailedJobError, submitit.core.utils.UncompletedJobError) as exc:
-        return failed(record.state if record.state in TERMINAL_STATES else "FAILED", failure_reason(str(exc)))
+        return failed(record.state if record.state in {*TERMINAL_STATES, "PREEMPTED"} else "FAILED",
+                      failure_reason(str(exc)))
 
 
 def failure_reason(text: str) -> str:

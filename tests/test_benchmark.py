@@ -71,6 +71,20 @@ def test_stage_durations_need_both_the_relative_and_the_absolute_margin():
     assert compare(a_record(1, 1, graphs_compiled_in_training=1), {"graphs_compiled_in_training": 0})[-1].regressed
 
 
+def test_a_metric_the_baseline_has_and_this_run_lacks_regresses():
+    """A counter that stops being measured (no finite loss at all, graphs no longer counted)
+    must not pass silently."""
+    base = {"tokens_per_s": 1000.0, "step_time_ms": 100.0, "final_loss": 3.5, "graphs_compiled_in_training": 0.0}
+    compared = {c.metric: c for c in compare(a_record(1000, 100, loss=float("nan")), base)}
+    assert compared["final_loss"].regressed and compared["graphs_compiled_in_training"].regressed
+    assert not compared["tokens_per_s"].regressed
+    assert compared["final_loss"].describe() == "final_loss: not measured by this run, against a baseline of 3.5"
+    rows = {r["metric"]: r for r in comparison_rows(list(compared.values()))}
+    assert rows["final_loss"]["this run"] is None and rows["final_loss"]["verdict"] == "REGRESSED"
+    # a metric with no rule in the baseline is not judged
+    assert "unruled" not in {c.metric for c in compare(a_record(1000, 100), {**base, "unruled": 1.0})}
+
+
 def test_comparison_rows_put_regressions_first_and_say_why():
     base = {"tokens_per_s": 1000.0, "step_time_ms": 100.0, "final_loss": 3.5}
     rows = comparison_rows(compare(a_record(500, 100, loss=3.5, graphs_compiled_in_training=0, unruled=1.0), base))

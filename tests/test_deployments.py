@@ -186,7 +186,7 @@ def test_deploy_registers_a_deployment_per_preset_with_a_form_and_the_nightly_sc
             deployment = client.read_deployment_by_name(f"pretrain/{preset}")
             assert deployment.work_pool_name == POOL and deployment.parameters["preset"] == preset
         form = deployment.parameter_openapi_schema["properties"]
-        assert {"preset", "overrides", "stages", "cluster_block", "dry_run"} <= set(form)
+        assert {"preset", "overrides", "stages", "cluster_block", "init_from", "dry_run"} <= set(form)
         assert form["stages"]["anyOf"][0]["items"]["enum"] == ["fetch", "tokenize", "convert", "precompile", "train"]
         assert form["dry_run"]["type"] == "boolean" and "rendered" in form["dry_run"]["description"]
 

@@ -67,6 +67,38 @@ def test_flow_dry_run_publishes_rendered_files_and_submits_nothing(tmp_path):
     assert not (tmp_path / "fetch").exists() and not (tmp_path / "jobs").exists()
 
 
+def test_a_deployments_named_parameters_survive_the_users_overrides_and_an_override_wins(tmp_path):
+    """A deployment's cluster block and checkpoint are named parameters: passing `overrides`
+    (which replaces the deployment's whole list) keeps them, and an explicit override wins."""
+    from prefect import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId
+
+    def rendered(**parameters):
+        state = pretrain(preset="llama3-70b", dry_run=True, return_state=True, **parameters)
+        assert state.is_completed(), state.message
+        with get_client(sync_client=True) as client:
+            artifacts = client.read_artifacts(artifact_filter=ArtifactFilter(
+                flow_run_id=ArtifactFilterFlowRunId(any_=[state.state_details.flow_run_id])))
+        return {a.key: a for a in artifacts if a.key}
+
+    deployment = {"cluster_block": "trn1-cluster", "init_from": "/fsx/Meta-Llama-3-70B"}
+    by_key = rendered(**deployment, overrides=[f"paths.root={tmp_path}", "training.train_steps=10"])
+    assert "hf-to-nxdt --input /fsx/Meta-Llama-3-70B" in by_key["llama3-70b-render-convert"].data
+    assert "weight_init_only: true" in by_key["llama3-70b-render-nxdt-config"].data
+    assert "max_steps: 10" in by_key["llama3-70b-render-nxdt-config"].data
+    assert "cluster.block='trn1-cluster'" in by_key["llama3-70b-render-sbatch-train"].description
+
+    by_key = rendered(**deployment, overrides=[f"paths.root={tmp_path}", "cluster.block=trn1-other",
+                                               "model.init_from=/fsx/llama3-70b-step-1000"])
+    assert "hf-to-nxdt --input /fsx/llama3-70b-step-1000" in by_key["llama3-70b-render-convert"].data
+    assert "cluster.block='trn1-other'" in by_key["llama3-70b-render-sbatch-train"].description
+
+    # without the checkpoint, the 70B preset trains from scratch, as the runbook's yaml ships
+    by_key = rendered(overrides=[f"paths.root={tmp_path}"])
+    assert "llama3-70b-render-convert" not in by_key
+    assert "resume_from_checkpoint: null" in by_key["llama3-70b-render-nxdt-config"].data
+
+
 def test_render_native_writes_the_trainer_config_the_node_program_accepts(tmp_path):
     """The dry run of the native backend renders the very config `python -m trainer train` reads,
     and one torchrun line for every node, with Slurm's stop signals forwarded to the ranks."""

@@ -16,6 +16,7 @@ from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
 
 from blocks.cluster import SlurmCluster
 from pretrain.command import Command
+from slurm_faults import preempt_node
 from tasks.slurm import (
     JobRequest, SlurmJobFailed, parse_sacct, run_array, run_job, slurm_parameters, submit, wait,
 )
@@ -148,6 +149,28 @@ def test_requeued_job_runs_again_and_succeeds(local_stack, shared_dir):
     wait_running(job)
     subprocess.run(["scontrol", "requeue", job.job_id], check=True)
     assert wait(job, "requeue", poll_s=0.5, max_wait_s=120) == [0]
+    assert marker.exists()
+
+
+def test_a_job_preempted_on_spot_capacity_fails_the_wait_as_preempted(local_stack, shared_dir):
+    # A program that does not stop on SIGTERM is killed at the end of the grace time, and Slurm
+    # then keeps reporting PREEMPTED for a job that will not run again: the wait must end.
+    job = submit(JobRequest("spot-victim", bash("trap '' TERM; sleep 300 & wait; wait"), time_limit_min=5),
+                 SlurmCluster(executor="slurm", partition="spot"), shared_dir)
+    wait_running(job)
+    preempt_node()
+    with pytest.raises(SlurmJobFailed) as info:
+        wait(job, "spot-victim", poll_s=0.5, max_wait_s=120)
+    assert info.value.state == "PREEMPTED"
+
+
+def test_a_job_preempted_where_preemption_requeues_runs_again_and_succeeds(local_stack, shared_dir):
+    marker = shared_dir / "restarted"
+    script = f'if [ "${{SLURM_RESTART_COUNT:-0}}" -ge 1 ]; then touch {marker}; else sleep 300; fi'
+    job = submit(JobRequest("preempted", bash(script), time_limit_min=5), SLURM, shared_dir)
+    wait_running(job)
+    preempt_node()
+    assert wait(job, "preempted", poll_s=0.5, max_wait_s=120) == [0]
     assert marker.exists()
 
 

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from trainer.train.config import OptimConfig
-from trainer.train.device import fused_optimizer, keep_freed_memory, process_group_backend
+from trainer.train.device import DeviceUnavailable, fused_optimizer, keep_freed_memory, process_group_backend, resolve
 from trainer.train.optimizer import build_optimizer
 
 REPO = Path(__file__).resolve().parents[1]
@@ -100,6 +100,14 @@ sharded = parallelize(model, build_mesh(torch.device("cpu"), 1, 1), types.Simple
 print(sharded, sorted({str(t.device) for t in [*model.parameters(), *model.buffers()]}))
 dist.destroy_process_group()
 """
+
+
+def test_a_device_the_node_lacks_is_its_own_error_naming_it():
+    # main.py turns this error, and only this one, into a failed record; any other RuntimeError
+    # from start-up stays a crash that a resubmission may not meet again.
+    absent = "xpu" if torch.cuda.is_available() else "cuda"
+    with pytest.raises(DeviceUnavailable, match=f"device={absent!r} is not available on this node"):
+        resolve(absent)
 
 
 def test_a_world_of_one_trains_on_its_device_not_where_the_model_was_built(tmp_path):

@@ -369,8 +369,12 @@ def test_corrupted_shard_fails_naming_the_file(corpus, baseline, tmp_path):
 
     done = train(run)
     assert done.rc == 1, done.output[-4000:]
+    assert "Traceback" not in done.output, done.output[-4000:]
     assert str(shard) in done.output and "damaged" in done.output, done.output[-4000:]
     assert not events(run, "resumed")
+    # A resubmission would meet the same shard: the record stops the control plane, naming it.
+    record = json.loads((run / "record.json").read_text())
+    assert record["status"] == "failed" and str(shard) in record["reason"], record
 
 
 # ------------------------------------------------------------------------------ bad input
@@ -432,6 +436,21 @@ def test_init_from_checkpoint_of_another_shape_fails_naming_the_key(bad_runs):
     assert done.rc == 2, done.output[-4000:]
     assert "num_hidden_layers=3 (spec model.num_layers=2)" in done.output, done.output[-4000:]
     assert not logged_steps(run)
+
+
+def test_device_the_node_lacks_exits_2_with_a_failed_record(tmp_path):
+    import torch
+
+    absent = "xpu" if torch.cuda.is_available() else "cuda"
+    run = tmp_path / "run"
+    # The device is resolved before anything is read, so the dataset need not exist.
+    write_config(run, train_config(run, str(tmp_path / "no_corpus_text_document"), device=absent))
+    done = train(run)
+    assert done.rc == 2, done.output[-4000:]
+    assert "Traceback" not in done.output, done.output[-4000:]
+    record = json.loads((run / "record.json").read_text())
+    assert record["status"] == "failed", record
+    assert f"device={absent!r} is not available on this node" in record["reason"], record
 
 
 def test_non_finite_losses_in_a_row_stop_the_run(corpus, tmp_path):

@@ -22,10 +22,12 @@ from typing import Any, Callable
 import pytest
 from prefect import flow
 
+from blocks.cluster import SlurmCluster
 from deployments.demo import save_credentials_block, seed_corpus
 from pretrain.corpus import corpus_texts
 from pretrain.presets import load_spec
 from pretrain.toy_tokenizers import llama3_style
+from slurm_faults import preempt_node
 from tasks.fetch import fetch
 from tasks.tokenize import tokenize
 from tasks.train import train
@@ -236,6 +238,18 @@ def test_scontrol_requeue_restarts_the_same_job_which_resumes(corpus, tmp_path, 
     (stopped,) = events(records, "stopped")
     assert stopped["signal"] == "SIGTERM"
     assert result["resumed_from"] == stopped["step"] >= fault.at_step
+
+
+def test_preemption_on_spot_capacity_resubmits_and_resumes(corpus, tmp_path, clean_queue):
+    """Spot capacity: a higher-priority job takes the node; Slurm signals the trainer (which saves
+    and exits within the partition's grace time) and does not requeue, so the task resubmits."""
+    SlurmCluster(executor="slurm", partition="spot").save("spot-node", overwrite=True)
+    clean_queue.extend([f"{(name := 'fault-preempt')}-train", "urgent-preemptor"])
+    result, fault, records = run_with_fault(name, tmp_path, corpus, lambda *_: preempt_node(), "cluster.block=spot-node")
+    first, last = result["attempts"]
+    assert first["job"] == fault.job_id and last["job"] != fault.job_id
+    (stopped,) = events(records, "stopped")
+    assert stopped["signal"] == "SIGTERM" and result["resumed_from"] == stopped["step"] == first["step"]
 
 
 def test_time_limit_stops_the_trainer_with_usr2_and_the_next_job_resumes(corpus, tmp_path, clean_queue):

@@ -116,8 +116,14 @@ SlurmctldLogFile={layout.log('slurmctld')}
 SlurmdDebug=info
 SlurmdLogFile={layout.log('slurmd')}
 SlurmdParameters=config_overrides
+# Preemption as clusters with spot capacity configure it: a job in `urgent` takes the node from
+# jobs in `debug` (requeued) and `spot` (cancelled after a grace period, the trainer's time to save).
+PreemptType=preempt/partition_prio
+PreemptMode=REQUEUE
 NodeName=localhost NodeAddr=127.0.0.1 CPUs={cpus} RealMemory={mem_mb} State=UNKNOWN
-PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
+PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP PriorityTier=1
+PartitionName=spot Nodes=ALL MaxTime=INFINITE State=UP PriorityTier=1 PreemptMode=CANCEL GraceTime=15
+PartitionName=urgent Nodes=ALL MaxTime=INFINITE State=UP PriorityTier=10 PreemptMode=OFF
 """)
     layout.dbd_conf.write_text(f"""\
 AuthType=auth/munge

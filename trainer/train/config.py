@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -147,11 +148,13 @@ class TrainConfig:
             raw = json.loads(Path(path).read_text())
         except json.JSONDecodeError as exc:
             raise ValueError(f"{path}: not valid JSON (line {exc.lineno}, column {exc.colno}): {exc.msg}") from None
-        return _build(cls, raw, f"{path}")
+        return _build(cls, raw, str(path))
 
 
-def _build(cls: type, raw: Any, where: str) -> Any:
-    """Nested dataclasses from plain dicts; an unknown or missing field names its dotted path."""
+def _build(cls: type, raw: Any, file: str, path: str = "") -> Any:
+    """Nested dataclasses from plain dicts, checked against their type hints: an unknown or missing
+    field, a value outside its ``Literal`` or of the wrong type names the file and the dotted path."""
+    where = f"{file}: {path}" if path else file
     if not isinstance(raw, dict):
         raise ValueError(f"{where}: expected a mapping, got {type(raw).__name__}")
     hints = typing.get_type_hints(cls)
@@ -159,17 +162,66 @@ def _build(cls: type, raw: Any, where: str) -> Any:
     unknown = sorted(set(raw) - set(fields))
     if unknown:
         raise ValueError(f"{where}: unknown field(s) {', '.join(unknown)}; valid: {', '.join(fields)}")
-    kwargs = {}
-    for name, value in raw.items():
-        hint = hints[name]
-        if dataclasses.is_dataclass(hint):
-            value = _build(hint, value, f"{where}: {name}")
-        elif typing.get_origin(hint) is tuple and isinstance(value, list):
-            value = tuple(value)
-        kwargs[name] = value
+    missing = [name for name, f in fields.items() if name not in raw
+               and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
+    if missing:
+        raise ValueError(f"{where}: missing field(s) {', '.join(missing)}")
+    kwargs = {name: _value(hints[name], value, file, f"{path}.{name}" if path else name)
+              for name, value in raw.items()}
     try:
         return cls(**kwargs)
-    except TypeError as exc:  # a required field is missing
-        raise ValueError(f"{where}: {exc}") from None
     except ValueError as exc:
         raise ValueError(f"{where}: {exc}") from None
+
+
+def _value(hint: Any, value: Any, file: str, path: str) -> Any:
+    """``value`` as the type ``hint`` declares (an int for a float field becomes a float, a list for
+    a tuple a tuple), or a ValueError naming the field, the value and what it must be."""
+    if dataclasses.is_dataclass(hint) and isinstance(value, dict):
+        return _build(hint, value, file, path)
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        options = [a for a in args if a is not type(None)]
+        for option in options:
+            try:
+                return _value(option, value, file, path)
+            except ValueError as exc:
+                if not str(exc).startswith(f"{file}: {path}="):
+                    raise  # not the value itself but an item or field inside it: that error names it
+    elif origin is Literal:
+        if any(value == a and type(value) is type(a) for a in args):
+            return value
+    elif origin is list and isinstance(value, list):
+        return [_value(args[0], v, file, f"{path}[{i}]") for i, v in enumerate(value)]
+    elif origin is tuple and isinstance(value, (list, tuple)):
+        items = args[:1] * len(value) if args[1:] == (...,) else args
+        if len(value) == len(items):
+            return tuple(_value(a, v, file, f"{path}[{i}]") for i, (a, v) in enumerate(zip(items, value)))
+    elif origin is dict and isinstance(value, dict):
+        return {_value(args[0], k, file, path): _value(args[1], v, file, f"{path}.{k}") for k, v in value.items()}
+    elif hint is float and isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    elif hint is int and isinstance(value, bool):
+        pass  # JSON's true is no integer, though Python's bool is an int
+    elif hint is Any or isinstance(hint, type) and isinstance(value, hint):
+        return value
+    raise ValueError(f"{file}: {path}={json.dumps(value, default=repr)}: expected {_describe(hint)}")
+
+
+def _describe(hint: Any) -> str:
+    """A type hint in the words of the JSON config: ``list[float] | None`` is "[number, ...] or null"."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        return " or ".join(_describe(a) for a in args)
+    if origin is Literal:
+        return f"one of {', '.join(json.dumps(a) for a in args)}"
+    if origin is list or origin is tuple and args[1:] == (...,):
+        return f"[{_describe(args[0])}, ...]"
+    if origin is tuple:
+        return f"[{', '.join(map(_describe, args))}]"
+    if origin is dict or dataclasses.is_dataclass(hint):
+        return "mapping"
+    return {type(None): "null", bool: "true or false", int: "integer", float: "number", str: "string"}.get(
+        hint, getattr(hint, "__name__", str(hint)))

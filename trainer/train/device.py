@@ -21,6 +21,10 @@ import torch.distributed as dist
 PEAK_BF16_FLOPS = {"H200": 989e12, "H100": 989e12, "A100": 312e12}
 
 
+class DeviceUnavailable(RuntimeError):
+    """The config names a device this node does not have."""
+
+
 def resolve(name: str) -> torch.device:
     """The device this rank computes on: ``auto`` is the current accelerator, else the CPU."""
     if name == "auto":
@@ -28,10 +32,10 @@ def resolve(name: str) -> torch.device:
         name = accelerator.type if accelerator is not None else "cpu"
     if name == "cpu":
         return torch.device("cpu")
-    if not torch.accelerator.is_available() or torch.accelerator.current_accelerator().type != name:
-        raise RuntimeError(f"device={name!r} is not available on this node (torch.accelerator finds "
-                           f"{torch.accelerator.current_accelerator() if torch.accelerator.is_available() else 'none'}); "
-                           "use device=auto or run on a node that has it")
+    found = torch.accelerator.current_accelerator() if torch.accelerator.is_available() else None
+    if found is None or found.type != name:
+        raise DeviceUnavailable(f"device={name!r} is not available on this node (torch.accelerator finds "
+                                f"{found or 'none'}); use device=auto or run on a node that has it")
     index = int(os.environ.get("LOCAL_RANK", "0"))
     torch.accelerator.set_device_index(index)
     return torch.device(name, index)

@@ -1,7 +1,7 @@
 """``python -m trainer train --config FILE``: run under torchrun on every node, or alone.
 
-Exit status: 0 finished, 2 bad config or bad input (data, init_from), 3 stopped on a signal after saving a checkpoint
-(resumable: run the same command again), 1 failed.
+Exit status: 0 finished, 2 bad config or bad input (data, init_from, a device the node does not have), 3 stopped
+on a signal after saving a checkpoint (resumable: run the same command again), 1 failed.
 
 torchrun reports every failed rank as exit status 1, so a failure that running the job again would
 meet again (bad input, a diverged loss, a damaged checkpoint, a full disk) also leaves a record
@@ -41,9 +41,11 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     try:
         cfg = TrainConfig.from_file(args.config)
-        trainer = Trainer(cfg)
-    except (ValueError, FileNotFoundError) as exc:  # the config, or inputs it points at: data, init_from
+        trainer = Trainer(cfg)  # resolves the device, reads the data and init_from, resumes from a checkpoint
+    except (ValueError, FileNotFoundError, devices.DeviceUnavailable) as exc:  # the config, or what it names
         return failed(exc, args.record, EXIT_BAD_INPUT)
+    except CheckpointError as exc:  # the checkpoint to resume from is damaged
+        return failed(exc, args.record, 1)
     try:
         result = trainer.train()
     except (NonFiniteLoss, CheckpointError) as exc:

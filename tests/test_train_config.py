@@ -1,0 +1,88 @@
+"""The trainer config as ``python -m trainer train`` reads it: ``_build`` checks every value
+against its field's type hint, so a typo in a ``Literal`` or a number written as a string stops
+the run at start-up, naming the file, the dotted field, the value and what it must be, instead
+of training something else (GPT-2 for "Llama", linear decay for "cosin", fp32 for "bf17")."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import pytest
+
+from trainer.train.config import TrainConfig
+
+VALID = {
+    "model": {"family": "llama", "num_layers": 2, "hidden_size": 64, "ffn_hidden_size": 172,
+              "num_attention_heads": 4, "num_kv_heads": 2, "vocab_size": 512, "max_position_embeddings": 64},
+    "data": {"paths": ["/data/pattern_text_document"], "split": "98,2,0"},
+    "optim": {"lr": 1e-2, "min_lr": 1e-3, "warmup_steps": 2},
+    "checkpoint": {"dir": "/run/checkpoints"},
+    "metrics": {"jsonl_path": "/run/metrics.jsonl"},
+    "device": "cpu", "steps": 20, "global_batch_size": 4, "seq_length": 32, "precision": "fp32",
+}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def prefect_api():
+    """Overrides conftest's Prefect API server: the node program never imports Prefect."""
+    yield
+
+
+def load(tmp_path: Path, section: str | None, **values) -> TrainConfig:
+    """VALID with ``values`` set at the top level, or in ``section``, read from a file."""
+    cfg = copy.deepcopy(VALID)
+    (cfg.setdefault(section, {}) if section else cfg).update(values)
+    path = tmp_path / "train.json"
+    path.write_text(json.dumps(cfg))
+    return TrainConfig.from_file(path)
+
+
+@pytest.mark.parametrize("section, name, value, allowed", [
+    ("model", "family", "Llama", '"llama", "gpt"'),
+    ("optim", "decay_style", "cosin", '"cosine", "linear", "constant"'),
+    (None, "precision", "bf17", '"bf16", "fp32"'),
+    ("data", "format", "arrow", '"megatron", "nxd-arrow"'),
+])
+def test_a_value_outside_its_literal_names_the_field_and_the_choices(tmp_path, section, name, value, allowed):
+    field = f"{section}.{name}" if section else name
+    with pytest.raises(ValueError) as raised:
+        load(tmp_path, section, **{name: value})
+    assert str(raised.value) == f'{tmp_path / "train.json"}: {field}="{value}": expected one of {allowed}'
+
+
+@pytest.mark.parametrize("section, name, value, message", [
+    ("optim", "lr", "1e-3", 'optim.lr="1e-3": expected number'),
+    (None, "steps", 2.5, "steps=2.5: expected integer"),
+    (None, "steps", True, "steps=true: expected integer"),
+    ("optim", "lr", False, "optim.lr=false: expected number"),
+    ("parallel", "compile", "yes", 'parallel.compile="yes": expected true or false'),
+    (None, "device", 0, "device=0: expected string"),
+    ("model", "num_kv_heads", "2", 'model.num_kv_heads="2": expected integer or null'),
+    ("model", "rope_scaling", [8.0], "model.rope_scaling=[8.0]: expected mapping or null"),
+    ("data", "paths", "/data/pattern_text_document", 'data.paths="/data/pattern_text_document": expected [string, ...]'),
+    ("data", "weights", ["1"], 'data.weights[0]="1": expected number'),
+    ("optim", "betas", [0.9], "optim.betas=[0.9]: expected [number, number]"),
+    (None, "optim", "adamw", 'optim="adamw": expected mapping'),
+])
+def test_a_value_of_the_wrong_type_names_the_field_and_the_type(tmp_path, section, name, value, message):
+    with pytest.raises(ValueError) as raised:
+        load(tmp_path, section, **{name: value})
+    assert str(raised.value) == f'{tmp_path / "train.json"}: {message}'
+
+
+def test_a_missing_field_is_named_as_missing(tmp_path):
+    cfg = copy.deepcopy(VALID)
+    del cfg["optim"]["lr"]
+    path = tmp_path / "train.json"
+    path.write_text(json.dumps(cfg))
+    with pytest.raises(ValueError, match=r"train\.json: optim: missing field\(s\) lr$"):
+        TrainConfig.from_file(path)
+
+
+def test_integers_are_numbers_and_lists_are_tuples(tmp_path):
+    cfg = load(tmp_path, "optim", lr=1, min_lr=0, betas=[1, 0.95])
+    assert (cfg.optim.lr, cfg.optim.min_lr, cfg.optim.betas) == (1.0, 0.0, (1.0, 0.95))
+    assert type(cfg.optim.lr) is float and type(cfg.optim.betas[0]) is float
+    assert load(tmp_path, "model", num_kv_heads=None, rope_scaling={"factor": 8}).model.kv_heads == 4
