@@ -20,14 +20,14 @@ from prefect import flow
 from prefect.states import Cancelled
 
 from pretrain import manifest
-from pretrain.loss_curve import RunSummary, package_versions
+from pretrain.loss_curve import RunSummary, metrics_summary, package_versions
 from pretrain.presets import load_spec
 from pretrain.spec import PretrainSpec
 from tasks.convert import convert
 from tasks.fetch import fetch
 from tasks.precompile import precompile_native, precompile_neuron
 from tasks.render import publish_rendered
-from tasks.slurm import FlowRunCancelled, raise_if_cancelled
+from tasks.slurm import FlowRunCancelled, jobs_of_this_flow_run, raise_if_cancelled
 from tasks.tokenize import tokenize
 from tasks.train import train
 from tasks.train_artifacts import publish_run_summary
@@ -39,8 +39,12 @@ STAGES: tuple[str, ...] = get_args(Stage)
 
 
 class StageTimer:
+    """Runs stages, keeping each one's output and duration, so that a failed run still tells
+    how far it got."""
+
     def __init__(self) -> None:
         self.seconds: dict[str, float] = {}
+        self.outputs: dict[str, Any] = {}
 
     def __call__(self, name: str, stage: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         start = time.monotonic()
@@ -50,15 +54,17 @@ class StageTimer:
             self.seconds[name] = round(time.monotonic() - start, 1)
 
 
-def run_stages(spec: PretrainSpec, stages: list[str] | None = None) -> tuple[dict[str, Any], dict[str, float]]:
+def run_stages(spec: PretrainSpec, stages: list[str] | None = None,
+               stage: StageTimer | None = None) -> tuple[dict[str, Any], dict[str, float]]:
     """Run the stages of ``spec`` (all that apply to its backend when ``stages`` is None).
 
     A stage left out is not run; the stages after it take its existing output, or fail naming
-    the stage to add. Returns each stage's output and how long each one took.
+    the stage to add. Returns each stage's output and how long each one took (also kept in
+    ``stage`` as they finish).
     """
     selected = set(STAGES if stages is None else stages)
-    stage = StageTimer()
-    outputs: dict[str, Any] = {}
+    stage = stage or StageTimer()
+    outputs = stage.outputs
     data_dir = stage("fetch", fetch, spec, reuse_only="fetch" not in selected)
     outputs["fetch"] = data_dir
     if selected <= {"fetch"}:
@@ -112,20 +118,26 @@ def pretrain(preset: str = "tiny-local", overrides: list[str] | None = None, sta
     spec = load_spec(preset, [*named, *(overrides or [])])
     if dry_run:
         return {"rendered": publish_rendered(spec)}
+    stage = StageTimer()
     try:
-        outputs, seconds = run_stages(spec, stages or None)
+        outputs, seconds = run_stages(spec, stages or None, stage)
     except FlowRunCancelled as cancelled:
         return Cancelled(message=str(cancelled))  # a flow without a worker ends Cancelled too
+    except Exception as exc:
+        if "train" in (stages or STAGES):  # a run meant to train: say how far it got and why not
+            publish_run_summary(spec.name, _summary(spec, stage, f"failed: {exc}"))
+        raise
     if "train" in outputs:
-        publish_run_summary(spec.name, _summary(spec, outputs, seconds))
+        publish_run_summary(spec.name, _summary(spec, stage, "completed"))
     return outputs
 
 
-def _summary(spec: PretrainSpec, outputs: dict[str, Any], stage_seconds: dict[str, float]) -> RunSummary:
-    result = outputs["train"]
-    compiled = [{"stage": "precompile", **row} for row in (outputs.get("precompile") or {}).get("rows", [])]
-    compiled += [{"stage": "train", **row} for row in result["compiled_during_training"]]
-    return RunSummary(spec=spec.model_dump(mode="json"), code_version=manifest.code_version(),
-                      packages=package_versions(),
-                      slurm_jobs=[{"stage": "train", "job_id": a["job"], "nodes": a["nodes"]} for a in result["attempts"]],
-                      stage_seconds=stage_seconds, compile_graphs=compiled, **result["metrics"])
+def _summary(spec: PretrainSpec, stage: StageTimer, outcome: str) -> RunSummary:
+    train_result, precompiled = stage.outputs.get("train"), stage.outputs.get("precompile") or {}
+    compiled = [{"stage": "precompile", **row} for row in precompiled.get("rows", [])]
+    compiled += [{"stage": "train", **row} for row in (train_result or {}).get("compiled_during_training", [])]
+    jobs = [{"stage": job["name"].removeprefix(f"{spec.name}-"), "job_id": job["job_id"], "nodes": job["nodes"]}
+            for job in jobs_of_this_flow_run()]
+    return RunSummary(spec=spec.model_dump(mode="json"), outcome=outcome, code_version=manifest.code_version(),
+                      packages=package_versions(), slurm_jobs=jobs, stage_seconds=stage.seconds,
+                      compile_graphs=compiled, **(train_result["metrics"] if train_result else metrics_summary([])))

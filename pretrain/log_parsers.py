@@ -3,7 +3,8 @@
 - NxDT: Lightning's TQDM progress bar, whose updates are separated by carriage returns
   (``reduced_train_loss=13.40, lr=7.5e-9, global_step=1.000, ...``), global_step counting from 0.
 - NxD Llama examples: ``step 1 step_time 244.76s throughput 3.93 seq/s loss 13.41 grad norm 1.97``.
-- Megatron-LM: ``training_log``'s iteration line, with or without its timestamp prefix.
+- Megatron-LM: ``training_log``'s iteration line, with or without its timestamp prefix (kept as
+  ``time``, epoch seconds, the native stream's name for it).
 - The native trainer: JSON lines with a ``step``; those with an ``event`` (checkpoint saved, step
   skipped) record occurrences, not metrics.
 
@@ -16,19 +17,33 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass, field
+from datetime import datetime
 
 # One name per quantity across backends.
 NXDT_KEYS = {"reduced_train_loss": "loss", "lr": "lr", "gradient_norm": "grad_norm",
              "parameter_norm": "param_norm", "consumed_samples": "consumed_samples",
              "throughput": "throughput_seq_s", "throughput_peak": "throughput_peak_seq_s", "val_loss": "val_loss"}
-MEGATRON_KEYS = {"lm loss": "loss", "learning rate": "lr", "grad norm": "grad_norm", "params norm": "param_norm",
-                 "consumed samples": "consumed_samples", "elapsed time per iteration (ms)": "step_time_ms",
-                 "throughput per GPU (TFLOP/s/GPU)": "tflops_per_device", "global batch size": "global_batch_size",
-                 "loss scale": "loss_scale", "number of skipped iterations": "skipped_iterations",
-                 "number of nan iterations": "nan_iterations", "skipped samples": "skipped_samples"}
+# Megatron-LM's labels (reference/nxdt.md §4.3; energy and power with --log-energy, the decoupled
+# lr in megatron-core 0.6-0.14), then the native trainer's additions under its JSON names, so its
+# console parses to what its metrics file holds. Any other ``label: number`` field (MoE and MTP
+# losses such as ``load_balancing_loss`` or ``mtp_1 loss``, fields of later versions) is kept
+# under its snake_case label (``_snake``): a new Megatron-LM loses nothing.
+MEGATRON_KEYS = {"lm loss": "loss", "learning rate": "lr", "decoupled learning rate": "decoupled_lr",
+                 "grad norm": "grad_norm", "params norm": "param_norm", "num zeros": "num_zeros",
+                 "consumed samples": "consumed_samples", "skipped samples": "skipped_samples",
+                 "elapsed time per iteration (ms)": "step_time_ms",
+                 "throughput per GPU (TFLOP/s/GPU)": "tflops_per_device",
+                 "energy per GPU (J/iter/GPU)": "energy_per_device_j", "power per GPU (W/GPU)": "power_per_device_w",
+                 "global batch size": "global_batch_size", "loss scale": "loss_scale",
+                 "number of skipped iterations": "skipped_iterations", "number of nan iterations": "nan_iterations",
+                 "tokens per second": "tokens_per_s", "MFU (%)": "mfu_pct", "max memory allocated (GiB)": "memory_gib"}
 
-_NXDT_PAIR = re.compile(r"([A-Za-z_][\w]*)=([^,\]\s]+)")
+# A value counts only when "," or "]" ends it: a bar torn mid-value (the process died) must not
+# report "consumed_samples=20" for 2048.0.
+_NXDT_PAIR = re.compile(r"([A-Za-z_]\w*)=([^,\]\s]+)(?=[,\]])")
 _MEGATRON_ITER = re.compile(r"iteration\s+(\d+)/\s*(\d+)\s*\|")
+# " [2024-05-04 12:00:01]" (core_v0.6 on) or with microseconds (2026 on), right before "iteration".
+_MEGATRON_TIME = re.compile(r"\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)?)\]\s*$")
 _NXD_LINE = re.compile(r"\bstep (\d+) step_time ([\d.]+)s throughput ([\d.]+) seq/s loss ([\d.eE+-]+)"
                        r"(?: grad norm ([\d.eE+-]+))?")
 
@@ -51,16 +66,37 @@ def _number(text: str) -> float:
     return float(text.rstrip("|").strip())
 
 
+def _snake(label: str) -> str:
+    return re.sub(r"[^0-9a-z]+", "_", label.lower()).strip("_")
+
+
+def _rounded(text: str) -> bool:
+    """Whether tqdm printed a count rounded: its ``format_num`` switches to ``'{:.3g}'`` (3
+    significant digits, exponent form) when that is shorter than ``str(n)``, so consumed_samples
+    100352 prints as ``1e+5`` and 102400.0 as ``1.02e+5`` (reference/nxdt.md §4.1). Counts print
+    without an exponent only when exact; a float global_step is rounded already at 1000-1005
+    (``1e+3``), in bands around later thousands, and from 99950 on always."""
+    return "e" in text.lower()
+
+
 def _nxdt(line: str, stream: MetricsStream) -> bool:
     if "reduced_train_loss=" not in line and "global_step=" not in line:
         return False
     pairs = dict(_NXDT_PAIR.findall(line.split("[", 1)[-1] if "[" in line else line))
     try:
+        # A rounded global_step stands for several steps (1e+5 is any of 99950-100500): its
+        # metrics would land on a step they do not belong to and overwrite that step's own. The
+        # bar's n/total is no exact substitute (the postfix keeps the last logged step's values
+        # while n advances), so the update is skipped and counted; TensorBoard keeps exact steps.
+        if _rounded(pairs["global_step"]):
+            raise ValueError(f"rounded global_step={pairs['global_step']}")
         # Lightning's global_step before its increment: 0 during the first step, whose
         # consumed_samples is already 1 x GBS (reference/nxdt.md §4.1). Steps count from 1, as
         # Megatron-LM's iterations and the native trainer's do.
         step = int(float(pairs["global_step"])) + 1
-        metrics = {name: _number(pairs[key]) for key, name in NXDT_KEYS.items() if key in pairs}
+        # A rounded consumed_samples is dropped rather than reported as exact; the step stays.
+        metrics = {name: _number(pairs[key]) for key, name in NXDT_KEYS.items()
+                   if key in pairs and not (key == "consumed_samples" and _rounded(pairs[key]))}
     except (KeyError, ValueError):
         stream.skipped += 1
         return True
@@ -73,19 +109,35 @@ def _megatron(line: str, stream: MetricsStream) -> bool:
     if not match:
         return False
     metrics: dict[str, float] = {"train_iters": int(match.group(2))}
+    extra: dict[str, float] = {}
     try:
-        for part in line[match.end():].split("|"):
-            key, sep, value = part.rpartition(":")
-            key = key.strip()
-            if sep and key in MEGATRON_KEYS:
-                metrics[MEGATRON_KEYS[key]] = _number(value)
+        stamp = _MEGATRON_TIME.search(line[:match.start()])
+        if stamp:
+            # Megatron-LM prints the node's naive local time; read in this process's zone, which
+            # is the nodes' zone on a cluster that shares one (the native trainer writes it so).
+            metrics["time"] = datetime.fromisoformat(stamp.group(1)).timestamp()
+        # Every field ends with " |" and starts with a space: text after the last "|" is a line
+        # torn mid-value, and a part without the leading space is another rank's output that
+        # Slurm appended, not a field of this line.
+        for part in line[match.end():].split("|")[:-1]:
+            if not part[:1].isspace():
+                break
+            label, sep, value = part.partition(":")
+            label = label.strip()
+            if label in MEGATRON_KEYS:
+                metrics[MEGATRON_KEYS[label]] = _number(value)
+            elif sep:
+                try:
+                    extra[_snake(label)] = _number(value)
+                except ValueError:
+                    pass  # an unknown field that is not a number (a string of counts, say)
     except ValueError:
         stream.skipped += 1
         return True
-    if "loss" not in metrics:
-        stream.skipped += 1
-        return True
-    stream.add(int(match.group(1)), metrics)
+    extra.pop("step", None)
+    # No loss is no error: Megatron-LM leaves a loss out when every iteration of the interval was
+    # skipped (its average is 0), and the skip counters are then the news.
+    stream.add(int(match.group(1)), {**extra, **metrics})
     return True
 
 

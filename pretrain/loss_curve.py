@@ -306,6 +306,8 @@ class RunSummary(TypedDict):
     """What the run-summary artifact reports; every key is required, None where unknown.
 
     - ``spec``: the resolved spec, JSON-compatible (``PretrainSpec.model_dump(mode="json")``).
+    - ``outcome``: "completed", or "failed: " and the reason (the summary of a failed run shows
+      how far it got: its jobs, stage durations and whatever it measured).
     - ``code_version``: ``pretrain.manifest.code_version()`` (``git:<sha>``).
     - ``packages``: ``package_versions()``.
     - ``slurm_jobs``: one ``SlurmJob`` per Slurm job of the run, in submission order.
@@ -320,6 +322,7 @@ class RunSummary(TypedDict):
     """
 
     spec: dict[str, Any]
+    outcome: str
     code_version: str
     packages: dict[str, str | None]
     slurm_jobs: list[SlurmJob]
@@ -363,6 +366,11 @@ def _duration(seconds: float) -> str:
     return f"{minutes // 60}:{minutes % 60:02d}:{secs:02d}"
 
 
+def _one_line(text: str) -> str:
+    """``text`` as one markdown table cell: its first line, no column separators."""
+    return (text.splitlines() or [""])[0].replace("|", "/")
+
+
 def _count(value: int | None) -> str:
     return "not counted" if value is None else str(value)
 
@@ -379,6 +387,7 @@ def run_summary_markdown(summary: RunSummary) -> str:
         f"### Run summary: {summary['spec'].get('name', 'unnamed spec')}",
         "| result | value |",
         "|---|---|",
+        f"| outcome | {_one_line(summary['outcome'])} |",
         f"| final train loss | {_fmt(summary['final_loss'])}{'' if step is None else f' (step {step})'} |",
         f"| final validation loss | {_fmt(summary['final_val_loss'])} |",
         f"| tokens/s | {'n/a' if tokens is None else f'{tokens:,.0f}'} |",

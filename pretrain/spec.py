@@ -12,6 +12,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from trainer.nxdt_layout import LayoutError, NxdtLayout
+
 
 class Strict(BaseModel):
     """A typo'd field is an error that names it, not a silently ignored key."""
@@ -372,12 +374,18 @@ class PretrainSpec(Strict):
                 f"training.global_batch_size={t.global_batch_size} is not divisible by "
                 f"training.micro_batch_size x dp = {t.micro_batch_size} x {self.dp}: use a multiple "
                 f"of {t.micro_batch_size * self.dp}")
-        if not p.pipeline_cuts and m.num_layers % p.pp:
+        # NxD's automatic partition puts the remainder on the last stages, as the converter does
+        # (reference/nxdt.md §1.7). Megatron-LM needs equal stages and reads no pipeline_cuts.
+        if self.backend.kind != "neuron" and m.num_layers % p.pp:
             raise ValueError(f"model.num_layers={m.num_layers} is not divisible by parallel.pp={p.pp}: "
-                             "change pp or give parallel.pipeline_cuts")
+                             "change pp (uneven stages are for backend.kind=neuron)")
         if p.pipeline_cuts and len(p.pipeline_cuts) != p.pp - 1:
             raise ValueError(f"parallel.pipeline_cuts has {len(p.pipeline_cuts)} cuts; parallel.pp="
                              f"{p.pp} needs {p.pp - 1}")
+        try:
+            NxdtLayout.cut_indices(p.pipeline_cuts, m.num_layers)
+        except LayoutError as exc:
+            raise ValueError(f"parallel.pipeline_cuts: {exc}") from None
         neuron = self.backend.neuron
         if p.cp > 1 and neuron is not None and not neuron.fusions.get("ring_attention"):
             raise ValueError(f"parallel.cp={p.cp} needs ring attention on NxD: set "

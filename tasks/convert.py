@@ -17,7 +17,7 @@ from pretrain.command import Command
 from pretrain.spec import PretrainSpec
 from tasks.artifacts import artifact_key, retryable
 from tasks.slurm import cluster_for, ends_cancelled, job_folder, run_job, stage_request
-from trainer.launch.convert_command import convert_command, convert_flags
+from trainer.launch.convert_command import convert_command, convert_flags, expected_config
 
 CONVERT_FORMAT = 1
 
@@ -43,8 +43,10 @@ def convert(spec: PretrainSpec, reuse_only: bool = False) -> str:
         raise FileNotFoundError(f"model.init_from={spec.model.init_from}: no config.json there; point it at a "
                                 "Hugging Face checkpoint directory")
     layout = convert_flags(spec)
+    # The spec's model shape is part of the key: the converter checks it against config.json, so
+    # a spec that changed shape is checked again rather than handed an earlier conversion.
     key = manifest.stable_hash({"format": CONVERT_FORMAT, "source": source_fingerprint(source), "layout": layout,
-                                "code": manifest.code_version()})
+                                "expect": expected_config(spec), "code": manifest.code_version()})
     final = manifest.output_dir(spec.paths.root, "convert", key)
     if (done := manifest.load_valid(final, key)) is None:
         if reuse_only:

@@ -286,6 +286,29 @@ def _renew_lease(job: submitit.Job) -> None:
         pass  # submitted without a lease
 
 
+# Every job this process submitted, per flow run (None outside one), in submission order: the
+# run summary lists the jobs of every stage, those of a failed run too.
+_submitted: dict[Any, list[tuple[str, submitit.Job]]] = {}
+
+
+def _remember(names: list[str], jobs: list[submitit.Job]) -> None:
+    _submitted.setdefault(flow_run.get_id(), []).extend(zip(names, jobs))
+
+
+def jobs_of_this_flow_run() -> list[dict[str, str]]:
+    """``{"name", "job_id", "nodes"}`` for each job this flow run submitted; nodes as Slurm's
+    accounting compresses them ("" before a job started)."""
+    jobs = []
+    for name, job in _submitted.get(flow_run.get_id(), []):
+        if isinstance(job, submitit.LocalJob):
+            nodes = "localhost"
+        else:
+            record = query_slurm_state(job.job_id)
+            nodes = record.nodes if record is not None and record.nodes != "None assigned" else ""
+        jobs.append({"name": name, "job_id": job.job_id, "nodes": nodes})
+    return jobs
+
+
 def submit(request: JobRequest, cluster: SlurmCluster, folder: Path) -> submitit.Job:
     """Submit ``request``; its scripts and logs go to a fresh directory under ``folder``.
 
@@ -297,6 +320,7 @@ def submit(request: JobRequest, cluster: SlurmCluster, folder: Path) -> submitit
     _exit_on_sigterm()
     job = executor.submit(_leased(request.command, cluster, job_dir))
     _active_jobs[job.job_id] = job
+    _remember([request.name], [job])
     return job
 
 
@@ -307,6 +331,7 @@ def submit_array(requests: list[JobRequest], cluster: SlurmCluster, folder: Path
     _exit_on_sigterm()
     jobs = executor.submit_array([_leased(r.command, cluster, job_dir) for r in requests])
     _active_jobs.update({job.job_id: job for job in jobs})
+    _remember([r.name for r in requests], jobs)
     return jobs
 
 

@@ -1,6 +1,7 @@
 """HF <-> NxDT checkpoint conversion on a small random Llama with GQA (8 heads, 2 KV heads,
 tp 4, pp 2, KV multiplier 2), for trn1 and trn2: names and per-rank shapes, the round trip,
-and logits computed from the shards the way tensor-parallel layers compute them."""
+and logits computed from the shards the way tensor-parallel layers compute them. Llama-3 70B's
+head placement, per-rank shapes and pipeline stages are pinned to reference/nxdt.md's tables."""
 
 from __future__ import annotations
 
@@ -16,8 +17,11 @@ from safetensors.torch import load_file, save_file
 from transformers import LlamaConfig, LlamaForCausalLM
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply_rotary_pos_emb
 
-from trainer.convert import ConvertError, HFCheckpoint, verify
-from trainer.nxdt_layout import NxdtLayout
+import trainer.convert as converter
+from pretrain.presets import load_spec
+from trainer.convert import ConvertError, HFCheckpoint, shard_items, verify
+from trainer.launch.convert_command import convert_command
+from trainer.nxdt_layout import LayoutError, NxdtLayout
 
 CONVERT = [sys.executable, "-m", "trainer", "convert"]
 TP, PP, MULT = 4, 2, 2
@@ -192,7 +196,10 @@ def test_bad_inputs_are_named_and_leave_nothing_behind(hf_model, tmp_path):
     assert out.returncode == 2 and "tp=3 does not divide the 8 attention heads" in out.stderr
     out = convert("hf-to-nxdt", "--input", str(src), "--output", str(tmp_path / "o4"), "--tp", "4",
                   "--kv-multiplier", "4", "--hw-backend", "trn1", check=False)
-    assert out.returncode == 2 and "must equal tp=4" in out.stderr
+    assert out.returncode == 2 and "must equal tp=4" in out.stderr  # the converter's own rule, not NxD's
+    out = convert("hf-to-nxdt", "--input", str(src), "--output", str(tmp_path / "o4"), "--tp", "4",
+                  "--kv-multiplier", "3", "--hw-backend", "trn1", check=False)
+    assert out.returncode == 2 and "kv multiplier 3 must divide tp=4 (NxD's GQAQKVColumnParallelLinear" in out.stderr
 
     existing = tmp_path / "existing"
     existing.mkdir()
@@ -265,3 +272,214 @@ def test_verify_and_the_way_back_check_every_copy_and_every_source_tensor(hf_mod
     out = convert("hf-to-nxdt", "--input", str(extra), "--output", str(tmp_path / "o"), "--tp", "4", "--pp", "1",
                   "--kv-multiplier", "2", "--hw-backend", "trn2", check=False)
     assert out.returncode == 2 and "num_hidden_layers=2, but the checkpoint holds model.layers.2" in out.stderr
+
+
+# ------------------------------------------------------------------ NxD's rules and the converter's own
+
+
+@pytest.mark.parametrize("kv_heads, head_dim, tp, mult, message", [
+    # NxD's GQAQKVColumnParallelLinear (reference/nxdt.md §1.6): tp % kv_size_multiplier == 0 ...
+    (2, 8, 4, 3, r"kv multiplier 3 must divide tp=4 \(NxD's"),
+    # ... and (kv_heads * head_dim * kv_size_multiplier) % tp == 0.
+    (1, 2, 8, 2, r"1 KV heads x head_dim 2 x kv multiplier 2 = 4 rows do not split over tp=8 \(NxD's"),
+    # NxD would split 2 x 8 x 1 = 16 rows over 8 ranks, half a KV head each; the converter moves whole heads.
+    (2, 8, 8, 1, "2 KV heads x kv multiplier 1 is not divisible by tp=8: the converter gives each rank whole"),
+    (2, 8, 4, 4, "the converter gives each rank one KV head: 2 x 4 must equal tp=4"),
+])
+def test_kv_multiplier_rules_name_whose_rule_is_broken(kv_heads, head_dim, tp, mult, message):
+    with pytest.raises(LayoutError, match=message):
+        NxdtLayout(4, 8, kv_heads, head_dim, tp=tp, kv_multiplier=mult)
+
+
+# ------------------------------------------------------------------ config.json against the spec
+
+
+def fixture_spec(src: Path, *overrides: str):
+    """A spec describing the fixture's model, the way the flow renders the convert command."""
+    return load_spec("tiny-local", [
+        "backend.kind=neuron", "backend.neuron={instance_type: trn1}", f"parallel.tp={TP}", f"parallel.pp={PP}",
+        f"parallel.kv_replicator={MULT}", "cluster.devices_per_node=8", "model.hidden_size=64",
+        "model.ffn_hidden_size=96", "model.num_attention_heads=8", "model.num_kv_heads=2", "model.vocab_size=128",
+        "model.seq_length=64", "model.max_position_embeddings=64", f"model.init_from={src}", *overrides])
+
+
+def test_the_rendered_command_refuses_a_checkpoint_the_spec_does_not_describe(hf_model, tmp_path):
+    model, src = hf_model
+    argv = convert_command(fixture_spec(src), str(src), str(tmp_path / "ok"))
+    assert argv[argv.index("--expect") + 1:] == [
+        "num_hidden_layers=4", "hidden_size=64", "intermediate_size=96", "num_attention_heads=8",
+        "num_key_value_heads=2", "head_dim=8", "vocab_size=128"]
+    done = subprocess.run(argv, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["verified_tensors"] == len(model.state_dict())
+
+    # The YAML would build 2 layers with a wider MLP; the checkpoint has 4 and 96.
+    wrong = fixture_spec(src, "model.num_layers=2", "model.ffn_hidden_size=128")
+    done = subprocess.run(convert_command(wrong, str(src), str(tmp_path / "wrong")), capture_output=True, text=True)
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert (f"{src / 'config.json'} does not describe the model of the spec: num_hidden_layers is 4, the spec says 2; "
+            "intermediate_size is 96, the spec says 128. Point model.init_from at the checkpoint the spec describes, "
+            "or fix the spec's model section") in done.stderr
+    assert not (tmp_path / "wrong").exists()
+
+
+def test_expectations_apply_to_the_way_back_and_must_be_well_formed(hf_model, tmp_path, capsys):
+    _, src = hf_model
+    to_nxdt(src, tmp_path / "n", "trn1")
+    back = ["nxdt-to-hf", "--input", str(tmp_path / "n"), "--config", str(src / "config.json"), "--output",
+            str(tmp_path / "back"), "--tp", str(TP), "--pp", str(PP), "--kv-multiplier", str(MULT),
+            "--hw-backend", "trn1"]
+    # A config.json without num_key_value_heads means as many KV heads as heads (Hugging Face's default).
+    assert converter.main([*back, "--expect", "num_key_value_heads=8", "rope_layers=3"]) == 2
+    err = capsys.readouterr().err
+    assert "num_key_value_heads is 2, the spec says 8; rope_layers is absent, the spec says 3" in err
+    with pytest.raises(SystemExit) as exit_:
+        converter.main([*back, "--expect", "num_hidden_layers"])
+    assert exit_.value.code == 2 and "'num_hidden_layers': give FIELD=INTEGER" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------ pipeline cuts
+
+
+@pytest.mark.parametrize("pp, cuts, message", [
+    (2, ["layers.1"], "'layers.1' is not a layer name of the form model.layers.N"),
+    (2, ["model.layers.01"], "'model.layers.01' is not a layer name"),  # NxDT would find no such module
+    (3, ["model.layers.2", "model.layers.1"], "model.layers.1 does not come after model.layers.2"),
+    (3, ["model.layers.1", "model.layers.1"], "model.layers.1 does not come after model.layers.1"),
+    (2, ["model.layers.4"], "model.layers.4 is beyond the last layer, model.layers.3"),
+])
+def test_bad_pipeline_cuts_are_refused_by_name(hf_model, tmp_path, capsys, pp, cuts, message):
+    _, src = hf_model
+    args = ["hf-to-nxdt", "--input", str(src), "--output", str(tmp_path / "o"), "--tp", str(TP), "--pp", str(pp),
+            "--kv-multiplier", str(MULT), "--hw-backend", "trn2", "--pipeline-cuts", *cuts]
+    assert converter.main(args) == 2
+    assert f"error: --pipeline-cuts: {message}" in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()
+
+
+def test_a_malformed_cut_exits_2_without_a_traceback(hf_model, tmp_path):
+    _, src = hf_model
+    out = convert("hf-to-nxdt", "--input", str(src), "--output", str(tmp_path / "o"), "--tp", str(TP), "--pp", "2",
+                  "--kv-multiplier", str(MULT), "--hw-backend", "trn1", "--pipeline-cuts", "model.layers.x",
+                  check=False)
+    assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr
+    assert "--pipeline-cuts: 'model.layers.x' is not a layer name" in out.stderr
+
+
+def test_without_cuts_the_remainder_goes_to_the_last_stages_as_in_nxd(hf_model, tmp_path):
+    # NxD create_partitions (reference/nxdt.md §1.7): L//P layers each, the remainder to the last stages.
+    assert [len(NxdtLayout(10, 8, 2, 8, tp=2, pp=4).layers_of_stage(s)) for s in range(4)] == [2, 2, 3, 3]
+    _, src = hf_model
+    record = json.loads(convert("hf-to-nxdt", "--input", str(src), "--output", str(tmp_path / "o"), "--tp", str(TP),
+                                "--pp", "3", "--kv-multiplier", str(MULT), "--hw-backend", "trn1", "--verify").stdout)
+    assert record["verified_tensors"] > 0
+    shards = [torch.load(tmp_path / "o" / "model" / f"dp_rank_00_tp_rank_00_pp_rank_{pp:02d}.pt", weights_only=True)
+              for pp in range(3)]
+    assert [{int(k.split(".")[2]) for k in s if k.startswith("model.layers.")} for s in shards] == [{0}, {1}, {2, 3}]
+
+
+# ------------------------------------------------------------------ nxdt-to-hf --verify
+
+
+def test_nxdt_to_hf_verify_reads_the_written_safetensors_back(hf_model, tmp_path, monkeypatch, capsys):
+    model, src = hf_model
+    to_nxdt(src, tmp_path / "n", "trn1")
+    back = ["nxdt-to-hf", "--input", str(tmp_path / "n"), "--config", str(src / "config.json"), "--tp", str(TP),
+            "--pp", str(PP), "--kv-multiplier", str(MULT), "--hw-backend", "trn1"]
+    record = json.loads(convert(*back, "--output", str(tmp_path / "back"), "--verify").stdout)
+    assert record["verified_tensors"] == len(model.state_dict())
+
+    # A reassembly that puts Q heads in the wrong rows: written as is, unless --verify reads it back.
+    unshard = converter.unshard_stage
+
+    def heads_reversed(*args, **kwargs):
+        state = unshard(*args, **kwargs)
+        if (key := "model.layers.0.self_attn.q_proj.weight") in state:
+            state[key] = state[key].flip(0)
+        return state
+
+    monkeypatch.setattr(converter, "unshard_stage", heads_reversed)
+    assert converter.main([*back, "--output", str(tmp_path / "unchecked")]) == 0
+    assert converter.main([*back, "--output", str(tmp_path / "checked"), "--verify"]) == 2
+    shard = tmp_path / "n" / "model" / "dp_rank_00_tp_rank_00_pp_rank_00.pt"
+    assert (f"verify: {shard}: model.layers.0.self_attn.qkv_proj.weight_q differs from the HF checkpoint"
+            in capsys.readouterr().err)
+    assert not (tmp_path / "checked").exists()
+
+
+# ------------------------------------------------------------------ Llama-3 70B, the reference's tables
+
+
+class Llama3_70B:
+    """Llama-3-70B's config.json (reference/nxdt.md §1.6) with meta tensors: the converter's own
+    slicing runs and gives every per-rank shape, and no byte is read or allocated."""
+
+    config = {"hidden_size": 8192, "intermediate_size": 28672, "vocab_size": 128256, "num_attention_heads": 64,
+              "num_key_value_heads": 8, "num_hidden_layers": 80}
+    where = {"lm_head.weight": "meta"}  # not tied
+
+    def rows(self, key, start, stop):   # every row-split Llama weight has `hidden` columns
+        return torch.empty(stop - start, 8192, device="meta")
+
+    def cols(self, key, start, stop):   # and every column-split one `hidden` rows
+        return torch.empty(8192, stop - start, device="meta")
+
+    def full(self, key):                # the norms
+        return torch.empty(8192, device="meta")
+
+
+def llama3_70b(backend: str, pp: int, cuts: tuple[int, ...] = (), fuse: bool = False) -> NxdtLayout:
+    return NxdtLayout(80, 64, 8, 128, tp=32, pp=pp, kv_multiplier=4, hw_backend=backend, fuse_qkv=fuse,
+                      pipeline_cuts=cuts)
+
+
+def per_rank_shapes(lay: NxdtLayout, tp_rank: int, pp_rank: int) -> dict[str, list[int]]:
+    """Shapes of one shard, every layer's under model.layers.N (they must all agree)."""
+    shapes: dict[str, list[int]] = {}
+    for key, tensor in shard_items(Llama3_70B(), lay, tp_rank, pp_rank):
+        name = ".".join("N" if part.isdigit() else part for part in key.split("."))
+        assert shapes.setdefault(name, list(tensor.shape)) == list(tensor.shape), key
+    return shapes
+
+
+@pytest.mark.parametrize("backend, pp", [("trn1", 8), ("trn2", 4)])
+def test_llama3_70b_per_rank_shapes_are_the_references(backend, pp):
+    # reference/nxdt.md §1.6, "Llama-3-70B per-rank shapes, tp=32, kv multiplier 4": the same on both.
+    attn, mlp, vocab = "model.layers.N.self_attn", "model.layers.N.mlp", [4008, 8192]
+    layer = {f"{attn}.o_proj.weight": [8192, 256], f"{mlp}.gate_up_proj.weight": [1792, 8192],
+             f"{mlp}.down_proj.weight": [8192, 896], "model.layers.N.input_layernorm.weight": [8192],
+             "model.layers.N.post_attention_layernorm.weight": [8192]}
+    unfused = {f"{attn}.qkv_proj.weight_q": [256, 8192], f"{attn}.qkv_proj.weight_k": [128, 8192],
+               f"{attn}.qkv_proj.weight_v": [128, 8192]}
+    for rank in (0, 13, 31):
+        first, last = (per_rank_shapes(llama3_70b(backend, pp), rank, s) for s in (0, pp - 1))
+        assert first == {"model.embed_tokens.weight": vocab, **unfused, **layer}
+        assert last == {**unfused, **layer, "model.norm.weight": [8192], "lm_head.weight": vocab}
+        fused = per_rank_shapes(llama3_70b(backend, pp, fuse=True), rank, 1)
+        assert fused == {f"{attn}.qkv_proj.weight_qkv": [512, 8192], **layer}   # 256 + 128 + 128
+
+
+def test_llama3_70b_head_placement_is_the_references():
+    trn1, trn2 = llama3_70b("trn1", 8), llama3_70b("trn2", 4)
+    for r in range(32):
+        # trn1 (reference table): Q heads {8(r%8)+2(r//8), +1}, K/V head r%8 (NxD's tiling).
+        assert trn1.q_heads(r) == [8 * (r % 8) + 2 * (r // 8), 8 * (r % 8) + 2 * (r // 8) + 1]
+        assert trn1.kv_heads(r) == [r % 8]
+        # trn2: Q heads {2r, 2r+1}, group r//4. The K/V head is r//4, the repeat_interleave NxD's
+        # model uses on trn2, not the r%8 NxD's converter writes (the §1.6 pitfall).
+        assert trn2.q_heads(r) == [2 * r, 2 * r + 1] and trn2.kv_heads(r) == [r // 4]
+        for lay in (trn1, trn2):  # HF GQA: Q head h attends with KV head h//8
+            assert all(h // 8 == lay.kv_heads(r)[0] for h in lay.q_heads(r))
+
+
+def test_llama3_70b_pipeline_placement_is_the_references():
+    def sizes_and_cuts(lay):
+        stages = [lay.layers_of_stage(s) for s in range(lay.pp)]
+        return [len(s) for s in stages], [s[-1] for s in stages[:-1]]
+
+    # trn1, pp 8: 10 layers each, cuts at model.layers.9, 19, ..., 69 (NxDT's auto partition too).
+    assert sizes_and_cuts(llama3_70b("trn1", 8)) == ([10] * 8, [9, 19, 29, 39, 49, 59, 69])
+    # trn2, pp 4: what NxD's converter writes without cuts, and what the trn2 yaml's cuts ask for.
+    assert sizes_and_cuts(llama3_70b("trn2", 4)) == ([20] * 4, [19, 39, 59])
+    yaml_cuts = NxdtLayout.cut_indices(["model.layers.18", "model.layers.39", "model.layers.60"], 80)
+    assert sizes_and_cuts(llama3_70b("trn2", 4, yaml_cuts)) == ([19, 21, 21, 19], [18, 39, 60])

@@ -15,7 +15,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from pretrain.presets import load_spec
 from tasks.convert import convert, source_fingerprint
-from trainer.launch.convert_command import convert_flags
+from trainer.launch.convert_command import convert_command, convert_flags
 
 
 def test_flags_come_from_the_spec_that_also_configures_training():
@@ -29,6 +29,16 @@ def test_flags_come_from_the_spec_that_also_configures_training():
     assert "--fuse-qkv" not in convert_flags(load_spec("llama3-70b", ["model.fuse_qkv=false"]))
     with pytest.raises(ValueError, match="backend.kind=native"):
         convert_flags(load_spec("tiny-local"))
+
+
+def test_the_command_carries_the_model_shape_the_yaml_is_rendered_with():
+    # Meta-Llama-3-70B's config.json must say what the 70B YAML says (reference/nxdt.md §1.6, §3.3).
+    argv = convert_command(load_spec("llama3-70b"), "/fsx/Meta-Llama-3-70B", "/fsx/out")
+    assert argv[argv.index("--expect") + 1:] == [
+        "num_hidden_layers=80", "hidden_size=8192", "intermediate_size=28672", "num_attention_heads=64",
+        "num_key_value_heads=8", "head_dim=128", "vocab_size=128256"]
+    other = convert_command(load_spec("llama3-70b", ["model.num_layers=40"]), "/fsx/Meta-Llama-3-70B", "/fsx/out")
+    assert "num_hidden_layers=40" in other
 
 
 @flow
@@ -65,6 +75,10 @@ def test_convert_task_runs_on_slurm_and_is_reused(local_stack, tiny_hf, tmp_path
     assert "model.layers.0.self_attn.qkv_proj.weight_qkv" in first
     again = convert_once(spec, return_state=True)
     assert again.result() == state.result()
+    # The spec changed shape, the checkpoint did not: checked again, not handed the conversion.
+    reshaped = convert_once(spec.model_copy(update={"model": spec.model.model_copy(update={"ffn_hidden_size": 64})}),
+                            return_state=True)
+    assert reshaped.is_failed() and "intermediate_size is" in str(reshaped.message), reshaped.message
 
 
 def test_another_checkpoint_of_the_same_shape_is_converted_afresh(tiny_hf, tmp_path):

@@ -3,6 +3,10 @@ malformed lines are skipped and counted."""
 
 from __future__ import annotations
 
+from datetime import datetime
+
+from tqdm import tqdm
+
 from pretrain.log_parsers import parse_log
 
 NXDT_NEW = ("Epoch 0:   5%|▍         | 3/62 [02:59<58:44,  0.02it/s, v_num=8-06, reduced_train_loss=6.930, "
@@ -17,6 +21,24 @@ MEGATRON = (" [2026-05-04 12:00:01.123456] iteration       10/  500000 | consume
 MEGATRON_OLD = (" iteration       20/  500000 | consumed samples:         5760 | elapsed time per iteration (ms): 1800.0 | "
                 "learning rate: 6.000E-05 | global batch size:   288 | lm loss: 8.500000E+00 | loss scale: 1.0 | "
                 "number of skipped iterations:   0 | number of nan iterations:   0 |")
+# Every field of reference/nxdt.md §4.3 in its order, the optional ones with Megatron-LM's labels:
+# skipped samples, throughput, energy and power, the decoupled lr (megatron-core 0.6-0.14), an MTP
+# loss and MoE losses, num zeros, params norm.
+MEGATRON_FULL = (" [2026-05-04 12:00:01.123456] iteration      300/  500000 | consumed samples:        86400 | "
+                 "skipped samples:          288 | elapsed time per iteration (ms): 1834.5 | "
+                 "throughput per GPU (TFLOP/s/GPU): 402.1 | energy per GPU (J/iter/GPU): 1992.5 | "
+                 "power per GPU (W/GPU): 647.8 | learning rate: 6.000000E-05 | decoupled learning rate: 1.000000E-04 | "
+                 "global batch size:   288 | lm loss: 9.876543E+00 | mtp_1 loss: 9.912345E+00 | "
+                 "load_balancing_loss: 1.002000E+00 | z_loss: 3.100000E-03 | loss scale: 65536.0 | grad norm: 3.210 | "
+                 "num zeros: 12.0 | params norm: 1234.567 | number of skipped iterations:   1 | "
+                 "number of nan iterations:   2 |")
+MEGATRON_FULL_POINT = {
+    "step": 300, "train_iters": 500000, "time": datetime(2026, 5, 4, 12, 0, 1, 123456).timestamp(),
+    "consumed_samples": 86400, "skipped_samples": 288, "step_time_ms": 1834.5, "tflops_per_device": 402.1,
+    "energy_per_device_j": 1992.5, "power_per_device_w": 647.8, "lr": 6e-5, "decoupled_lr": 1e-4,
+    "global_batch_size": 288, "loss": 9.876543, "mtp_1_loss": 9.912345, "load_balancing_loss": 1.002,
+    "z_loss": 3.1e-3, "loss_scale": 65536.0, "grad_norm": 3.21, "num_zeros": 12, "param_norm": 1234.567,
+    "skipped_iterations": 1, "nan_iterations": 2}
 NXD = ("step 1 step_time 244.7649691104889s throughput 3.935193537274158 seq/s loss 13.412860887125134 "
        "grad norm 1.9788274765014648")
 
@@ -44,6 +66,96 @@ def test_megatron_iteration_lines_with_and_without_timestamp():
     assert first["step_time_ms"] == 1834.5 and first["tflops_per_device"] == 402.1
     assert first["consumed_samples"] == 2880 and first["nan_iterations"] == 0 and first["train_iters"] == 500000
     assert "grad_norm" not in points[1]
+    assert first["time"] == datetime(2026, 5, 4, 12, 0, 1, 123456).timestamp() and "time" not in points[1]
+
+
+def test_megatron_line_reads_every_field_with_and_without_timestamp():
+    no_time = MEGATRON_FULL.replace(" [2026-05-04 12:00:01.123456]", "")
+    seconds = MEGATRON_FULL.replace("iteration      300/", "iteration      301/").replace(
+        "[2026-05-04 12:00:01.123456]", "[2024-05-04 12:00:01]")  # core_v0.6 - 2025: no microseconds
+    stream = parse_log("\n".join([MEGATRON_FULL, seconds]))
+    with_time, core_v06 = stream.as_list()
+    assert with_time == MEGATRON_FULL_POINT
+    assert core_v06["time"] == datetime(2024, 5, 4, 12, 0, 1).timestamp()
+    assert parse_log(no_time).as_list() == [{k: v for k, v in MEGATRON_FULL_POINT.items() if k != "time"}]
+    assert stream.skipped == 0
+
+
+def test_megatron_unknown_numeric_fields_are_kept_under_snake_case_names():
+    line = (" iteration       40/  500000 | consumed samples:        11520 | tokens per expert (max/mean): 1.75 | "
+            "step: 999 | packing: 3 of 4 bins | lm loss: 8.100000E+00 | number of skipped iterations:   0 | "
+            "number of nan iterations:   0 |")
+    stream = parse_log(line)
+    # A field that is not a number ("packing") is left out, the line is not lost; a field named
+    # like a stream key ("step") cannot move the point off its iteration.
+    assert stream.as_list() == [{"step": 40, "train_iters": 500000, "consumed_samples": 11520,
+                                 "tokens_per_expert_max_mean": 1.75, "loss": 8.1, "skipped_iterations": 0,
+                                 "nan_iterations": 0}]
+    assert stream.skipped == 0
+
+
+def test_megatron_interval_of_skipped_iterations_is_a_point_without_loss():
+    # Every iteration of the interval skipped (fp16 overflow): Megatron-LM prints no loss then.
+    line = (" [2026-05-04 12:05:00.000001] iteration      310/  500000 | consumed samples:        89280 | "
+            "elapsed time per iteration (ms): 1800.0 | learning rate: 6.000000E-05 | global batch size:   288 | "
+            "loss scale: 32768.0 | number of skipped iterations:  10 | number of nan iterations:   3 |")
+    stream = parse_log(line)
+    (point,) = stream.as_list()
+    assert point["step"] == 310 and point["skipped_iterations"] == 10 and point["nan_iterations"] == 3
+    assert "loss" not in point and stream.skipped == 0
+
+
+def test_torn_lines_report_no_cut_value():
+    # A process killed mid-print: "consumed samples:        864" must not become 864 samples,
+    # nor "consumed_samples=20" 20.
+    for line in (MEGATRON_FULL, NXDT_OLD):
+        (full,) = parse_log(line).as_list()
+        for cut in range(len(line)):
+            for point in parse_log(line[:cut]).as_list():
+                assert point.items() <= full.items(), line[:cut]
+    # Another rank's output that Slurm appended after the last "|" is not part of the line.
+    appended = parse_log(MEGATRON_FULL + "[rank7]: grad norm: 99.000 | extra: 1 |").as_list()
+    assert appended == parse_log(MEGATRON_FULL).as_list()
+
+
+def _bar_number(n: float) -> str:
+    """How Lightning's progress bar prints a float metric: tqdm's format_num, then numbers
+    without an exponent right-padded to 5 characters (reference/nxdt.md §4.1)."""
+    text = tqdm.format_num(n)
+    return text if "e" in text else (text if "." in text else text + ".").ljust(5, "0")
+
+
+def test_nxdt_rounded_consumed_samples_is_dropped_not_reported():
+    # Step 100 at global batch 1024: 102400 samples, which tqdm prints as 1.02e+5.
+    line = NXDT_OLD.replace("global_step=1.000", f"global_step={_bar_number(99.0)}").replace(
+        "consumed_samples=2048.0", f"consumed_samples={_bar_number(102400.0)}")
+    assert "consumed_samples=1.02e+5]" in line
+    stream = parse_log(line)
+    assert stream.as_list() == [{"step": 100, "loss": 13.4, "lr": 7.5e-9, "param_norm": 5536.0}]
+    assert stream.skipped == 0
+
+
+def test_nxdt_rounded_global_step_is_skipped_and_counted_never_a_colliding_step():
+    # global_step 1000 and 1001 both print as 1e+3: neither may claim step 1001.
+    lines = [NXDT_NEW.replace("global_step=1.000", f"global_step={_bar_number(float(g))}") for g in (1000, 1001)]
+    assert lines[0] == lines[1] and "global_step=1e+3," in lines[0]
+    stream = parse_log("\r".join(lines))
+    assert stream.as_list() == [] and stream.skipped == 2
+
+
+def test_nxdt_steps_are_exact_or_skipped_for_every_global_step_tqdm_prints():
+    # consumed_samples = step at global batch 1: each point must carry its own line's count.
+    steps = range(0, 200_000, 11)
+    bars = [NXDT_NEW.replace("global_step=1.000", f"global_step={_bar_number(float(g))}").replace(
+        "consumed_samples=32.00", f"consumed_samples={_bar_number(float(g + 1))}") for g in steps]
+    stream = parse_log("\r".join(bars))
+    points = stream.as_list()
+    assert len(points) + stream.skipped == len(steps)  # no two lines landed on one step
+    assert {p["step"] for p in points} <= {g + 1 for g in steps}
+    assert all(p.get("consumed_samples", p["step"]) == p["step"] for p in points)
+    # Exact steps are kept; from global_step 99950 on tqdm rounds every one, so all are skipped.
+    assert points and points[-1]["step"] <= 99_950
+    assert stream.skipped >= sum(g >= 99_950 for g in steps)
 
 
 def test_nxd_llama_and_native_json_lines():
@@ -69,8 +181,10 @@ def test_malformed_lines_are_skipped_and_counted_never_raised():
         '{"step": "three", "loss": 1}',
         '{"broken json',
         "ordinary output line",
+        " [2026-13-40 25:00:00] iteration       40/  500000 | lm loss: 1.000000E+00 |",
+        " iteration       50/  500000 | consumed samples: 14400 | grad norm: 1.2.3 | lm loss: 1.000000E+00 |",
         MEGATRON,
     ])
     stream = parse_log(text)
     assert [p["step"] for p in stream.as_list()] == [10]
-    assert stream.skipped == 4
+    assert stream.skipped == 6

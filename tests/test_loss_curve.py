@@ -320,6 +320,7 @@ def test_table_rows_have_fixed_columns():
 def a_summary(points: list[dict]) -> RunSummary:
     return {
         "spec": {"name": "tiny-local", "model": {"hidden_size": 64, "layers": 2}, "train": {"steps": 5000}},
+        "outcome": "completed",
         "code_version": "git:0123456789abcdef0123456789abcdef01234567",
         "packages": package_versions(),
         "slurm_jobs": [{"stage": "tokenize", "job_id": "41_0", "nodes": "node-1"},
@@ -348,6 +349,9 @@ def test_run_summary_markdown_reports_every_key():
     assert set(summary) == RunSummary.__required_keys__
     markdown = run_summary_markdown(summary)
     assert markdown.startswith("### Run summary: tiny-local")
+    assert "| outcome | completed |" in markdown
+    failed = run_summary_markdown({**summary, "outcome": "failed: train: job 42 | NODE_FAIL\ntraceback ..."})
+    assert "| outcome | failed: train: job 42 / NODE_FAIL |" in failed
     assert f"| final train loss | {summary['final_loss']:.4g} (step 5000) |" in markdown
     assert f"| final validation loss | {summary['final_val_loss']:.4g} |" in markdown
     assert "| tokens/s | 1,003 |" in markdown and "| MFU | 40.0 % |" in markdown

@@ -104,6 +104,28 @@ def test_context_parallel_without_ring_attention_is_rejected():
         load_spec("llama3-70b", ["parallel.cp=2", "training.global_batch_size=1024"])
 
 
+@pytest.mark.parametrize("cuts, message", [
+    ("[model.layers.18, layers.39, model.layers.60]", "'layers.39' is not a layer name of the form model.layers.N"),
+    ("[model.layers.39, model.layers.18, model.layers.60]", "model.layers.18 does not come after model.layers.39"),
+    ("[model.layers.18, model.layers.18, model.layers.60]", "model.layers.18 does not come after model.layers.18"),
+    ("[model.layers.18, model.layers.39, model.layers.80]",
+     "model.layers.80 is beyond the last layer, model.layers.79"),
+])
+def test_pipeline_cuts_nxd_cannot_place_are_rejected(cuts, message):
+    with pytest.raises(SpecError, match=f"parallel.pipeline_cuts: {message}"):
+        load_spec("llama3-70b-trn2", [f"parallel.pipeline_cuts={cuts}"])
+
+
+def test_layers_not_divisible_by_pp_are_left_to_nxds_automatic_partition():
+    # NxD puts the remainder on the last stages (reference/nxdt.md §1.7), the converter too.
+    spec = load_spec("llama3-70b", ["parallel.pp=3", "cluster.nodes=12"])   # 80 layers = 26 + 27 + 27
+    assert "pipeline_cuts" not in nxdt_config(spec, "/data")["model"]
+    # Megatron-LM needs equal stages, and pipeline_cuts are NxDT's: they do not excuse uneven ones.
+    for extra in ([], ["parallel.pipeline_cuts=[model.layers.20]"]):
+        with pytest.raises(SpecError, match="model.num_layers=35 is not divisible by parallel.pp=2: change pp"):
+            load_spec("gpt3-7.5b-gpu", ["model.num_layers=35", "parallel.pp=2", *extra])
+
+
 def test_train_sh_environment_and_torchrun_line():
     # train_setup.sh's Slurm branch and what it sets in all branches (reference/nxdt.md §3.1)
     assert train_environment() == {

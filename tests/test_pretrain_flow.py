@@ -70,7 +70,13 @@ def test_tiny_local_runs_every_stage_on_the_demo_corpus(executor, s3_endpoint, d
     assert "xychart-beta" in artifacts["tiny-local-loss-curve"].data
     assert "data:image/png;base64," in artifacts["tiny-local-loss-curve"].data
     summary = artifacts["tiny-local-run-summary"].data
-    assert trained["attempts"][0]["job"] in summary and "final train loss" in summary
+    assert "| outcome | completed |" in summary and "final train loss" in summary
+    # every job of the run, each stage's: the tokenize array and merge, the warm-up, training
+    jobs = [line.split(" | ")[:2] for line in summary.split("#### Slurm jobs")[1].split("####")[0].splitlines()[3:] if line]
+    stages = [stage.strip("| ") for stage, _ in jobs]
+    assert stages == ["tokenize-0-of-2", "tokenize-1-of-2", "tokenize-merge",
+                      *(["precompile"] if executor == "slurm" else []), "train"], summary
+    assert jobs[-1][1] == trained["attempts"][0]["job"]
     if executor == "slurm":  # the precompile warm-up ran on the node training then used
         compiled = json.loads(artifacts["tiny-local-precompile"].data)
         assert compiled and compiled[0]["compiled"] > 0
@@ -92,6 +98,10 @@ def test_stages_run_alone_hand_on_earlier_outputs_or_name_the_stage_to_add(s3_en
     cold = pretrain(preset="tiny-local", overrides=overrides, stages=["train"], return_state=True)
     assert cold.is_failed() and "add 'fetch' to the flow's stages" in str(cold.message), cold.message
     assert not (tmp_path / "train").exists()
+    # a run meant to train that did not says so in its summary, with what it got done
+    summary = read_artifacts(cold)["tiny-local-run-summary"].data
+    assert "| outcome | failed: " in summary and "add 'fetch' to the flow's stages" in summary
+    assert "| final train loss | n/a |" in summary
 
     fetched = pretrain(preset="tiny-local", overrides=overrides, stages=["fetch"], return_state=True).result()
     assert set(fetched) == {"fetch"}

@@ -1,8 +1,8 @@
 """Device choices of the trainer: the CPU allocator setting (memory a step frees is kept for the
 next step, so the steps stop faulting their activations in again, at no cost in peak memory;
 benchmarks/train_benchmark.py measures what that is worth in time), the process-group backends,
-and the model landing on the rank's device. Each case that trains or joins a process group runs
-in a process of its own, as the trainer's ranks do."""
+the random generators a checkpoint saves, and the model landing on the rank's device. Each case
+that trains or joins a process group runs in a process of its own, as the trainer's ranks do."""
 
 from __future__ import annotations
 
@@ -159,3 +159,57 @@ def test_compile_counts_tell_a_cold_cache_from_a_warm_one(tmp_path):
     assert warm["cpu"]["cache_misses"] == 0 and warm["cpu"]["cache_hits"] == 2
     assert warm["neuron"]["cache_hits"] is None and warm["neuron"]["cache_misses"] is None
     assert warm["neuron"]["graphs"] == 2
+
+
+
+class FakeAcceleratorModule:
+    """torch.cuda's generator API for a device this machine lacks: one state per device, which
+    each draw advances."""
+
+    def __init__(self):
+        self.states: dict[torch.device, torch.Tensor] = {}
+
+    def get_rng_state(self, device: torch.device) -> torch.Tensor:
+        return self.states[device].clone()
+
+    def set_rng_state(self, state: torch.Tensor, device: torch.device) -> None:
+        self.states[device] = state.clone()
+
+    def draw(self, device: torch.device) -> int:
+        self.states[device] = self.states[device] + 1
+        return int(self.states[device].sum())
+
+
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
+def test_checkpoints_restore_the_cpu_generator_and_the_accelerators_own(tmp_path, monkeypatch):
+    """RngState through a real DCP save and load, as the trainer's checkpoints hold it: the CPU
+    generator on every device and, on an accelerator, its own generator too, found through
+    torch.get_device_module (faked here: "cuda" stands for any accelerator this machine lacks).
+    After the load, each generator draws what it drew right after the save."""
+    import torch.distributed.checkpoint as dcp
+
+    from trainer.train.loop import RngState
+
+    def draws_after_save_and_after_load(device: torch.device, draw, path: Path) -> tuple:
+        dcp.save({"rng": RngState(device)}, checkpoint_id=str(path), no_dist=True)
+        after_save = draw()
+        draw()
+        dcp.load({"rng": RngState(device)}, checkpoint_id=str(path), no_dist=True)
+        return after_save, draw()
+
+    def no_device_module(device_type: str):
+        raise AssertionError(f"the CPU has no device generator, yet {device_type!r}'s was asked for")
+
+    monkeypatch.setattr(torch, "get_device_module", no_device_module)
+    cpu = torch.device("cpu")
+    assert set(RngState(cpu).state_dict()) == {"cpu"}
+    saved, restored = draws_after_save_and_after_load(cpu, lambda: torch.rand(4), tmp_path / "cpu")
+    assert torch.equal(saved, restored)
+
+    accelerator, fake = torch.device("cuda", 1), FakeAcceleratorModule()
+    fake.states[accelerator] = torch.arange(16, dtype=torch.uint8)
+    monkeypatch.setattr(torch, "get_device_module", {"cuda": fake}.__getitem__)
+    assert set(RngState(accelerator).state_dict()) == {"cpu", "cuda"}
+    saved, restored = draws_after_save_and_after_load(
+        accelerator, lambda: (torch.rand(4), fake.draw(accelerator)), tmp_path / "cuda")
+    assert torch.equal(saved[0], restored[0]) and saved[1] == restored[1]

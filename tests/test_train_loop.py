@@ -1,8 +1,9 @@
 """The native trainer end to end, as the node program ``python -m trainer train`` in real
 subprocesses (alone, and under torchrun with two CPU ranks on gloo): exact resumption after a
-crash and after a stop signal, incomplete and damaged checkpoints, bad configs, non-finite losses,
-Hugging Face export and continual pre-training, tensor parallelism, and a full disk during a
-checkpoint. A 2-layer Llama (hidden 64, GQA 4/2 heads) trains on a tiny learnable corpus."""
+crash and after a stop signal, incomplete and damaged checkpoints, periodic evaluation, bad
+configs, non-finite losses (a diverged run, single bad steps), Hugging Face export (Llama 3.1 rope
+scaling, tensor-parallel models) and continual pre-training, tensor parallelism, and a full disk
+during a checkpoint. A 2-layer Llama (hidden 64, GQA 4/2 heads) trains on a tiny learnable corpus."""
 
 from __future__ import annotations
 
@@ -377,6 +378,48 @@ def test_corrupted_shard_fails_naming_the_file(corpus, baseline, tmp_path):
     assert record["status"] == "failed" and str(shard) in record["reason"], record
 
 
+# ----------------------------------------------------------------------------- evaluation
+
+
+def test_validation_every_eval_interval_and_never_in_benchmark_mode(corpus, tmp_path):
+    """eval_interval=2 over 5 steps evaluates after steps 2 and 4, and once more at the end, in
+    all three sinks: the metrics stream, TensorBoard, and Megatron-LM's console line. The
+    benchmark mode, the same config otherwise, evaluates never."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    runs = {"evaluated": {}, "benchmark": {"benchmark": True}}
+    for name, overrides in runs.items():
+        run = tmp_path / name
+        write_config(run, train_config(run, corpus, steps=5, eval_interval=2, eval_iters=2, export_hf=None,
+                                       metrics={"tensorboard_dir": str(run / "tb")}, **overrides))
+    procs = {name: start(tmp_path / name) for name in runs}
+    try:
+        for name, proc in procs.items():
+            assert proc.wait(300) == 0, (tmp_path / name / "log").read_text()[-4000:]
+    finally:
+        for proc in procs.values():
+            kill_all(proc)
+
+    def evaluations(run: Path) -> tuple[list[dict], list[int], list[str]]:
+        records = [r for r in metrics(run) if "val_loss" in r]
+        tensorboard = EventAccumulator(str(run / "tb"))
+        tensorboard.Reload()
+        tag = "validation_metrics/loss"
+        steps = [e.step for e in tensorboard.Scalars(tag)] if tag in tensorboard.Tags()["scalars"] else []
+        console = [line for line in (run / "log").read_text().splitlines() if "validation loss at iteration" in line]
+        return records, steps, console
+
+    records, tensorboard_steps, console = evaluations(tmp_path / "evaluated")
+    assert [r["step"] for r in records] == tensorboard_steps == [2, 4, 5]
+    assert all(math.isfinite(r["val_loss"]) and r["val_ppl"] == pytest.approx(math.exp(r["val_loss"]))
+               for r in records), records
+    assert [line.split("validation loss at iteration ")[1].split(" |")[0] for line in console] == ["2", "4", "5"]
+    assert all("lm loss value:" in line and "lm loss PPL:" in line for line in console), console
+
+    assert logged_steps(tmp_path / "benchmark") == [1, 2, 3, 4, 5]
+    assert evaluations(tmp_path / "benchmark") == ([], [], [])
+
+
 # ------------------------------------------------------------------------------ bad input
 
 
@@ -469,6 +512,56 @@ def test_non_finite_losses_in_a_row_stop_the_run(corpus, tmp_path):
     assert all(r["nan_iterations"] == 0 and math.isfinite(r["loss"]) for r in lines[:-2])
 
 
+# The node program's Trainer with the loss of the steps named in argv[2] (1-based, comma-separated)
+# made NaN: its backward makes every gradient NaN too, so an update would poison every weight.
+# A learning rate high enough to diverge (above) never recovers; this is one bad batch.
+NON_FINITE_STEPS = """
+import json, sys
+from trainer.train.config import TrainConfig
+from trainer.train.loop import Trainer
+
+trainer = Trainer(TrainConfig.from_file(sys.argv[1]))
+bad_steps, loss = {int(s) for s in sys.argv[2].split(",")}, trainer._loss
+trainer._loss = lambda batch: loss(batch) * (float("nan") if trainer.step + 1 in bad_steps else 1.0)
+try:
+    result = trainer.train()
+    updates = {int(state["step"]) for state in trainer.optimizer.state.values()}
+    print(json.dumps({"result": result, "optimizer_updates": sorted(updates),
+                      "scheduler_steps": trainer.scheduler.last_epoch, "nan_in_a_row": trainer.nan_in_a_row}))
+finally:
+    trainer.close()
+"""
+
+
+def test_single_non_finite_steps_are_skipped_and_the_run_goes_on(corpus, tmp_path):
+    """Steps 3 and 5 of 7 have a NaN loss, with max_nan_steps_in_a_row=2: each is skipped and
+    counted, the finite step between resets the in-a-row count, so the run does not abort. As
+    documented in train_step (Megatron's rule): a skipped step counts as an iteration, but neither
+    the weights nor the learning-rate schedule advance for it."""
+    from trainer.train.config import OptimConfig
+    from trainer.train.optimizer import lr_at
+
+    run = tmp_path / "run"
+    optim = {"max_nan_steps_in_a_row": 2}
+    write_config(run, train_config(run, corpus, steps=7, export_hf=None, optim=optim))
+    done = subprocess.run([sys.executable, "-c", NON_FINITE_STEPS, str(run / "train.json"), "3,5"], cwd=REPO,
+                          env=environment(), capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-4000:]
+    out = json.loads(done.stdout.splitlines()[-1])
+    assert out["result"]["status"] == "finished" and out["result"]["step"] == 7, out
+    assert out["optimizer_updates"] == [5] and out["scheduler_steps"] == 5 and out["nan_in_a_row"] == 0, out
+
+    lines = step_lines(run)
+    assert [r["step"] for r in lines] == list(range(1, 8))
+    assert [r["nan_iterations"] for r in lines] == [0, 0, 1, 1, 2, 2, 2]
+    assert [r["loss"] is None for r in lines] == [False, False, True, False, True, False, False], lines
+    assert all(math.isfinite(r["loss"]) for r in lines if r["step"] not in (3, 5)), lines
+    # The learning rate of each step is that of the updates made before it.
+    cfg = OptimConfig(**train_config(run, corpus)["optim"], **optim)
+    updates_before = [0, 1, 2, 2, 3, 3, 4]
+    assert [r["lr"] for r in lines] == pytest.approx([lr_at(n, cfg, 7) for n in updates_before])
+
+
 # ------------------------------------------------------------------ export and continual
 
 
@@ -505,14 +598,60 @@ def test_export_loads_in_transformers_and_continues_pretraining(corpus, baseline
     assert (exported["rms_norm_eps"], exported["bos_token_id"], exported["eos_token_id"]) == (1e-5, 5, 6)
 
 
+LLAMA31_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 8192}
+
+
+def test_llama31_rope_scaling_reaches_the_model_and_its_export(tmp_path):
+    """The model the trainer builds from its config file, and the export Trainer._export writes
+    of it, rotate with Llama 3.1's scaled frequencies. With head_dim 16 and base 500000, the
+    first four wavelengths are under 8192/4 positions (kept), the fifth between that and 8192
+    (interpolated) and the last three over 8192 (divided by the factor)."""
+    import torch
+    from transformers import AutoModelForCausalLM, LlamaForCausalLM
+
+    from trainer.train import model as models
+    from trainer.train.config import TrainConfig
+
+    def built(name: str, rope_scaling: dict | None) -> torch.nn.Module:
+        run = tmp_path / name
+        cfg = train_config(run, str(tmp_path / "unread_text_document"), model={
+            "rope_theta": 500000.0, "rope_scaling": rope_scaling, "max_position_embeddings": 131072})
+        return models.build(TrainConfig.from_file(write_config(run, cfg)).model, seed=7)
+
+    scaled, plain = built("scaled", LLAMA31_ROPE), built("plain", None)
+    assert isinstance(scaled, LlamaForCausalLM)
+    assert scaled.config.rope_parameters == {**LLAMA31_ROPE, "rope_theta": 500000.0}
+    inv_freq, unscaled = scaled.model.rotary_emb.inv_freq, plain.model.rotary_emb.inv_freq
+    assert torch.equal(inv_freq[:4], unscaled[:4])
+    assert unscaled[4] / 8 < inv_freq[4] < unscaled[4]
+    assert torch.allclose(inv_freq[5:], unscaled[5:] / 8)
+
+    models.export(scaled.config, scaled.state_dict(), str(tmp_path / "hf"))
+    exported = json.loads((tmp_path / "hf" / "config.json").read_text())
+    assert exported["rope_parameters"] == {**LLAMA31_ROPE, "rope_theta": 500000.0}, exported
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path / "hf")
+    assert torch.equal(loaded.model.rotary_emb.inv_freq, inv_freq)
+
+
 # ----------------------------------------------------------------------- tensor parallel
 
 
 def test_tensor_parallel_matches_one_process(corpus, baseline, tmp_path):
+    """Two tensor-parallel ranks train as one process does, and export the same whole model: the
+    column- and row-parallel halves are gathered into full HF tensors."""
+    from safetensors.torch import load_file
+
     run = tmp_path / "run"
-    write_config(run, train_config(run, corpus, parallel={"tp": 2}, export_hf=None))
+    write_config(run, train_config(run, corpus, parallel={"tp": 2}))
     assert_finished(train(run, nproc=2))
     assert_losses_match(run, losses(baseline), 1e-4)
+    exported, reference = load_file(run / "hf" / "model.safetensors"), load_file(baseline / "hf" / "model.safetensors")
+    assert {k: v.shape for k, v in exported.items()} == {k: v.shape for k, v in reference.items()}
+    worst = max(float((exported[k] - reference[k]).abs().max()) for k in reference)
+    assert worst < 1e-4, worst
+    config = [json.loads((r / "hf" / "config.json").read_text()) for r in (run, baseline)]
+    assert config[0] == config[1], config
     # Tensor parallelism was really in effect, not two data-parallel ranks: the attention output
     # projection (row-parallel) is split along its input dimension, one half per rank, where
     # FSDP alone would split it by rows.

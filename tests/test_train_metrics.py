@@ -191,7 +191,9 @@ def test_console_line_round_trips_through_the_megatron_parser(tmp_path, capsys):
     for point in stream.as_list():
         assert point == {"step": point["step"], "train_iters": 200, "consumed_samples": 16 * point["step"],
                          "step_time_ms": 512.3, "lr": 3e-4, "global_batch_size": 16, "loss": 4.123456,
-                         "grad_norm": 1.234, "nan_iterations": 0}
+                         "grad_norm": 1.234, "nan_iterations": 0, "time": point["time"], "tokens_per_s": 31961.5,
+                         "mfu_pct": 38.25, "memory_gib": 61.5}
+        assert abs(point["time"] - time.time()) < 3600  # the line's timestamp, in epoch seconds
 
 
 def test_log_interval_must_be_positive():

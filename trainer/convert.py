@@ -4,7 +4,10 @@ layout and back.
     python -m trainer convert hf-to-nxdt --input HF_DIR --output OUT --tp 32 --pp 8 \\
         --kv-multiplier 4 --hw-backend trn1 [--fuse-qkv] [--pipeline-cuts model.layers.18 ...] [--verify]
     python -m trainer convert nxdt-to-hf --input OUT --config HF_DIR/config.json --output HF_OUT \\
-        --tp 32 --pp 8 --kv-multiplier 4 --hw-backend trn1 [--fuse-qkv]
+        --tp 32 --pp 8 --kv-multiplier 4 --hw-backend trn1 [--fuse-qkv] [--verify]
+
+``--expect num_hidden_layers=80 hidden_size=8192 ...`` refuses a config.json that differs from
+the shape the training configuration was rendered with.
 
 Streaming: tensors are read lazily from the safetensors files, only the rows and columns a
 shard needs, and each shard ``model/dp_rank_00_tp_rank_XX_pp_rank_YY.pt`` is written as soon
@@ -97,17 +100,37 @@ class HFCheckpoint:
         return self._read(key, (slice(None),))
 
 
-def layout_from(config: dict, args: argparse.Namespace) -> NxdtLayout:
+def with_defaults(config: dict) -> dict:
+    """config.json with Hugging Face's defaults for the fields a Llama config may leave out."""
     heads = config["num_attention_heads"]
+    head_dim = config.get("head_dim") or config["hidden_size"] // heads
+    return {"num_key_value_heads": heads, **config, "head_dim": head_dim}
+
+
+def check_expected(config: dict, path: Path, expected: list[tuple[str, int]]) -> None:
+    """The NxDT YAML takes the model's shape from the spec, the shards take it from config.json
+    (reference/nxdt.md §1.2): a checkpoint of another shape is refused before it is sharded."""
+    config = with_defaults(config)
+    if wrong := [f"{field} is {config.get(field, 'absent')}, the spec says {value}"
+                 for field, value in expected if config.get(field) != value]:
+        raise ConvertError(f"{path} does not describe the model of the spec: {'; '.join(wrong)}. Point "
+                           "model.init_from at the checkpoint the spec describes, or fix the spec's model section")
+
+
+def layout_from(config: dict, args: argparse.Namespace) -> NxdtLayout:
+    config = with_defaults(config)
+    try:
+        cuts = NxdtLayout.cut_indices(args.pipeline_cuts or [], config["num_hidden_layers"])
+    except LayoutError as exc:
+        raise ConvertError(f"--pipeline-cuts: {exc}") from None
     try:
         return NxdtLayout(
-            num_layers=config["num_hidden_layers"], num_heads=heads,
-            num_kv_heads=config.get("num_key_value_heads", heads),
-            head_dim=config.get("head_dim") or config["hidden_size"] // heads,
+            num_layers=config["num_hidden_layers"], num_heads=config["num_attention_heads"],
+            num_kv_heads=config["num_key_value_heads"], head_dim=config["head_dim"],
             tp=args.tp, pp=args.pp, kv_multiplier=args.kv_multiplier, hw_backend=args.hw_backend,
-            fuse_qkv=args.fuse_qkv, pipeline_cuts=NxdtLayout.cut_indices(args.pipeline_cuts or []))
+            fuse_qkv=args.fuse_qkv, pipeline_cuts=cuts)
     except LayoutError as exc:
-        raise ConvertError(f"--tp/--kv-multiplier: {exc}") from None
+        raise ConvertError(f"--tp/--pp/--kv-multiplier: {exc}") from None
 
 
 def check_shapes(ckpt: HFCheckpoint, layout: NxdtLayout) -> None:
@@ -287,9 +310,10 @@ def nxdt_to_hf(model_dir: Path, config_path: Path, layout: NxdtLayout, staging: 
 
 
 def verify(source: HFCheckpoint, model_dir: Path, layout: NxdtLayout) -> dict:
-    """Read every written shard back and compare each of its tensors, every copy of a replicated
-    one included, with the slices of the source it must hold; the shards must hold nothing else,
-    and together every source tensor. One shard and one tensor in memory at a time."""
+    """Read every shard and compare each of its tensors, every copy of a replicated one included,
+    with the slices of the HF checkpoint it must hold; the shards must hold nothing else, and
+    together every HF tensor. One shard and one tensor in memory at a time. Both directions use
+    it: hf-to-nxdt checks the shards it wrote, nxdt-to-hf the safetensors it wrote."""
     source.read.clear()
     for pp_rank in range(layout.pp):
         for tp_rank in range(layout.tp):
@@ -301,7 +325,7 @@ def verify(source: HFCheckpoint, model_dir: Path, layout: NxdtLayout) -> dict:
                 if key not in written:
                     raise ConvertError(f"verify: {path} lacks {key}")
                 if not torch.equal(written[key], tensor):
-                    raise ConvertError(f"verify: {path}: {key} differs from the source")
+                    raise ConvertError(f"verify: {path}: {key} differs from the HF checkpoint")
             if extra := sorted(set(written) - expected):
                 raise ConvertError(f"verify: {path} holds tensors it should not: {', '.join(extra)}")
             del written
@@ -330,6 +354,13 @@ def _replace_output(output: Path, staging: Path) -> None:
     shutil.rmtree(old)
 
 
+def _expectation(text: str) -> tuple[str, int]:
+    field, _, value = text.partition("=")
+    if not (field and value.isdigit()):
+        raise argparse.ArgumentTypeError(f"{text!r}: give FIELD=INTEGER, e.g. num_hidden_layers=80")
+    return field, int(value)
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m trainer convert", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -343,7 +374,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--hw-backend", choices=["trn1", "trn2"], required=True)
     p.add_argument("--fuse-qkv", action="store_true", help="qkv_proj.weight_qkv instead of weight_q/k/v")
     p.add_argument("--pipeline-cuts", nargs="*", help="the YAML's pipeline_cuts, e.g. model.layers.18")
-    p.add_argument("--verify", action="store_true", help="reassemble the output and compare with the source")
+    p.add_argument("--verify", action="store_true", help="read the output back and compare it with the input")
+    p.add_argument("--expect", nargs="+", type=_expectation, default=[], metavar="FIELD=VALUE",
+                   help="config.json values the training configuration assumes (rendered from the spec); "
+                   "a checkpoint that differs is refused")
     p.add_argument("--overwrite", action="store_true")
     p.add_argument("--record", help="also write the JSON record to this file (atomically)")
     return p
@@ -360,6 +394,7 @@ def main(argv: list[str]) -> int:
             raise ConvertError(f"{output} exists and is not empty; pass --overwrite to replace it")
         if args.direction == "hf-to-nxdt":
             ckpt = HFCheckpoint(Path(args.input))
+            check_expected(ckpt.config, ckpt.directory / "config.json", args.expect)
             layout = layout_from(ckpt.config, args)
             check_shapes(ckpt, layout)
             record = hf_to_nxdt(ckpt, layout, staging)
@@ -369,9 +404,12 @@ def main(argv: list[str]) -> int:
             if not args.config:
                 raise ConvertError("nxdt-to-hf needs --config (the model's HF config.json)")
             config = json.loads(Path(args.config).read_text())
+            check_expected(config, Path(args.config), args.expect)
             layout = layout_from(config, args)
             model_dir = Path(args.input) / "model" if (Path(args.input) / "model").is_dir() else Path(args.input)
             record = nxdt_to_hf(model_dir, Path(args.config), layout, staging)
+            if args.verify:  # the written safetensors are an HF checkpoint: the same check, read the other way
+                record.update(verify(HFCheckpoint(staging), model_dir, layout))
         _replace_output(output, staging)
     except (KeyError, RuntimeError) as exc:
         # A tensor missing from a shard, or a fused QKV of another size: the flags do not describe

@@ -15,8 +15,12 @@ NxD's own converter tiles K/V on trn2 too, which pairs most trn2 ranks with the 
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Literal
+
+# NxDT names a cut by the module it follows; "model.layers.018" would name no module.
+_CUT = re.compile(r"model\.layers\.(0|[1-9][0-9]*)")
 
 
 class LayoutError(ValueError):
@@ -39,21 +43,43 @@ class NxdtLayout:
     def __post_init__(self) -> None:
         if self.num_heads % self.tp:
             raise LayoutError(f"tp={self.tp} does not divide the {self.num_heads} attention heads")
+        # NxD's GQAQKVColumnParallelLinear refuses these itself (reference/nxdt.md §1.6).
         if self.tp % self.kv_multiplier:
-            raise LayoutError(f"kv multiplier {self.kv_multiplier} must divide tp={self.tp}")
+            raise LayoutError(f"kv multiplier {self.kv_multiplier} must divide tp={self.tp} (NxD's "
+                              "GQAQKVColumnParallelLinear: tp % kv_size_multiplier == 0)")
+        kv_rows = self.num_kv_heads * self.head_dim * self.kv_multiplier
+        if kv_rows % self.tp:
+            raise LayoutError(f"{self.num_kv_heads} KV heads x head_dim {self.head_dim} x kv multiplier "
+                              f"{self.kv_multiplier} = {kv_rows} rows do not split over tp={self.tp} (NxD's "
+                              "GQAQKVColumnParallelLinear); choose a multiplier that makes them divisible")
+        # Stricter than NxD: this layout moves whole KV heads, and with replication one per rank.
         if (self.num_kv_heads * self.kv_multiplier) % self.tp:
-            raise LayoutError(f"{self.num_kv_heads} KV heads x multiplier {self.kv_multiplier} is not "
-                              f"divisible by tp={self.tp}; choose a multiplier that makes it so")
+            raise LayoutError(f"{self.num_kv_heads} KV heads x kv multiplier {self.kv_multiplier} is not "
+                              f"divisible by tp={self.tp}: the converter gives each rank whole KV heads; "
+                              "choose a multiplier that makes it so")
         if self.kv_multiplier > 1 and self.num_kv_heads * self.kv_multiplier != self.tp:
-            raise LayoutError(f"with a kv multiplier, each rank holds one KV head: {self.num_kv_heads} x "
-                              f"{self.kv_multiplier} must equal tp={self.tp}")
+            raise LayoutError(f"with a kv multiplier, the converter gives each rank one KV head: "
+                              f"{self.num_kv_heads} x {self.kv_multiplier} must equal tp={self.tp}")
         if self.pipeline_cuts and len(self.pipeline_cuts) != self.pp - 1:
             raise LayoutError(f"{len(self.pipeline_cuts)} pipeline cuts for pp={self.pp}; give {self.pp - 1}")
 
     @classmethod
-    def cut_indices(cls, cuts: list[str]) -> tuple[int, ...]:
-        """``["model.layers.18", ...]`` as in the NxDT YAML, to layer indices."""
-        return tuple(int(cut.rsplit(".", 1)[-1]) for cut in cuts)
+    def cut_indices(cls, cuts: list[str], num_layers: int) -> tuple[int, ...]:
+        """``["model.layers.18", ...]`` as in the NxDT YAML, to layer indices. NxD puts a layer on
+        the first stage whose cut is at or after it, so a cut out of order or repeated leaves a
+        stage without layers, and one past the last layer names no module: both are refused."""
+        indices: list[int] = []
+        for cut in cuts:
+            if not (match := _CUT.fullmatch(cut)):
+                raise LayoutError(f"{cut!r} is not a layer name of the form model.layers.N")
+            index = int(match[1])
+            if indices and index <= indices[-1]:
+                raise LayoutError(f"{cut} does not come after model.layers.{indices[-1]}: give each cut once, "
+                                  "in increasing layer order")
+            if index >= num_layers:
+                raise LayoutError(f"{cut} is beyond the last layer, model.layers.{num_layers - 1}")
+            indices.append(index)
+        return tuple(indices)
 
     # ---------------------------------------------------------------- pipeline
 

@@ -24,8 +24,19 @@ def convert_flags(spec: PretrainSpec) -> list[str]:
     return flags
 
 
+def expected_config(spec: PretrainSpec) -> dict[str, int]:
+    """The config.json values the NxDT YAML assumes: it takes the shape from the spec, the
+    converter from config.json (reference/nxdt.md §1.2), so the converter compares the two."""
+    m = spec.model
+    return {"num_hidden_layers": m.num_layers, "hidden_size": m.hidden_size, "intermediate_size": m.ffn_hidden_size,
+            "num_attention_heads": m.num_attention_heads, "num_key_value_heads": m.kv_heads,
+            "head_dim": m.head_dim, "vocab_size": m.vocab_size}
+
+
 def convert_command(spec: PretrainSpec, source: str, output: str, record: str | None = None) -> list[str]:
-    """``python -m trainer convert hf-to-nxdt`` for the spec's layout, verified after writing."""
+    """``python -m trainer convert hf-to-nxdt`` for the spec's layout and model shape, verified
+    after writing."""
     argv = [sys.executable, "-m", "trainer", "convert", "hf-to-nxdt", "--input", source, "--output", output,
-            *convert_flags(spec), "--verify", "--overwrite"]
+            *convert_flags(spec), "--verify", "--overwrite",
+            "--expect", *(f"{field}={value}" for field, value in expected_config(spec).items())]
     return argv + (["--record", record] if record else [])

@@ -117,6 +117,22 @@ def keep_freed_memory(device: torch.device) -> bool:
     return bool(libc.mallopt(_M_MMAP_MAX, 0) and libc.mallopt(_M_TRIM_THRESHOLD, 2**31 - 1))
 
 
+def rng_states(device: torch.device) -> dict[str, torch.Tensor]:
+    """The generators a step draws from: the CPU's (data order, CPU-side init) and, on an
+    accelerator, the device's own (dropout and other random ops run there). Keyed by device type,
+    so a checkpoint resumed on another kind of device restores only the CPU's."""
+    states = {"cpu": torch.get_rng_state()}
+    if device.type != "cpu":
+        states[device.type] = torch.get_device_module(device.type).get_rng_state(device)
+    return states
+
+
+def set_rng_states(device: torch.device, states: dict[str, torch.Tensor]) -> None:
+    torch.set_rng_state(states["cpu"])
+    if device.type != "cpu" and device.type in states:
+        torch.get_device_module(device.type).set_rng_state(states[device.type], device)
+
+
 def synchronize(device: torch.device) -> None:
     if device.type != "cpu":
         torch.accelerator.synchronize(device)

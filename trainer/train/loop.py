@@ -54,11 +54,16 @@ class TrainState(Stateful):
 
 
 class RngState(Stateful):
+    """This rank's random generators: the CPU's and its accelerator's (device.rng_states)."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+
     def state_dict(self) -> dict[str, Any]:
-        return {"cpu": torch.get_rng_state()}
+        return devices.rng_states(self.device)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        torch.set_rng_state(state["cpu"])
+        devices.set_rng_states(self.device, state)
 
 
 def _init_distributed(device: torch.device) -> None:
@@ -125,7 +130,7 @@ class Trainer:
 
     def state(self) -> dict[str, Any]:
         return {"model_optim": ModelAndOptimizer(self.model, self.optimizer), "train": TrainState(self),
-                "data": self.loader, f"rng_rank{self.rank}": RngState()}
+                "data": self.loader, f"rng_rank{self.rank}": RngState(self.device)}
 
     def _resume(self) -> int | None:
         latest = torch.tensor([self.checkpointer.latest() or -1])
