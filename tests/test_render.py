@@ -122,3 +122,23 @@ def test_render_native_writes_the_trainer_config_the_node_program_accepts(tmp_pa
     assert "SIGUSR2" in torchrun and "-m trainer train --config" in torchrun
     assert f"TORCHINDUCTOR_CACHE_DIR={tmp_path}/compile-cache/inductor" in (out / "train_env.sh").read_text()
     assert json.loads((out / "train.json").read_text())["checkpoint"]["dir"].endswith("/checkpoints")
+
+
+def test_the_warm_up_config_compiles_evaluation_and_writes_no_checkpoint(tmp_path):
+    """precompile's short run: evaluation once (its graphs get compiled too), no checkpoint and no
+    export (nothing resumes from it), a config the node program accepts."""
+    import json
+
+    from pretrain.presets import load_spec
+    from trainer.launch import native
+    from trainer.train.config import TrainConfig
+
+    spec = load_spec("tiny-local", [f"paths.root={tmp_path}", "training.checkpoint_interval=1"])
+    warm = native.train_config(spec, dataset="/data/ds", run_dir=str(tmp_path / "warm"), eod_id=0, steps=2,
+                               warmup_only=True)
+    (tmp_path / "warm.json").write_text(json.dumps(warm))
+    config = TrainConfig.from_file(tmp_path / "warm.json")
+    assert not config.checkpoint.final and config.checkpoint.interval >= config.steps == 2
+    assert config.export_hf is None and config.eval_interval == 2
+    full = native.train_config(spec, dataset="/data/ds", run_dir=str(tmp_path / "run"), eod_id=0)
+    assert full["checkpoint"] == {**full["checkpoint"], "final": True, "interval": 1}

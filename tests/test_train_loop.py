@@ -343,6 +343,17 @@ def test_stop_signal_reaching_one_rank_stops_every_rank_at_the_same_step(corpus,
     verify(step_dir(run / "checkpoints", stop))
 
 
+def test_a_run_without_a_final_checkpoint_writes_none(corpus, tmp_path):
+    """The precompile warm-up's config: its steps fill the compile cache, and nothing resumes
+    from it, so it must not spend a large model's checkpoint write."""
+    run = tmp_path / "run"
+    write_config(run, train_config(run, corpus, steps=3, export_hf=None,
+                                   checkpoint={"interval": 3, "final": False}))
+    assert_finished(train(run))
+    assert logged_steps(run) == [1, 2, 3]
+    assert complete_steps(run / "checkpoints") == [] and not events(run, "checkpoint")
+
+
 def test_half_written_newest_checkpoint_is_skipped(corpus, baseline, tmp_path):
     run = tmp_path / "run"
     copy_run(baseline, run, corpus)

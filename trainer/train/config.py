@@ -93,6 +93,9 @@ class CheckpointConfig:
     """Complete checkpoints kept; older ones are deleted once a newer one is complete."""
     async_save: bool = True
     """Write checkpoints in the background while training continues."""
+    final: bool = True
+    """Write one at the end. The precompile warm-up does not: nothing resumes from it, and a
+    large model's checkpoint takes minutes to write."""
 
     def __post_init__(self) -> None:
         if self.interval < 1 or self.keep < 1:

@@ -240,7 +240,7 @@ class Trainer:
         if cfg.evaluates and self.step % cfg.eval_interval:
             last.update(self.validate())
             self.metrics.log_eval(self.step, {k: last[k] for k in ("val_loss", "val_ppl")})
-        if self.checkpointer.latest() != self.step:
+        if cfg.checkpoint.final and self.checkpointer.latest() != self.step:
             self.checkpointer.save(self.state(), self.step, blocking=True)
         if cfg.export_hf:
             # A sign of life for the control plane's hang check: a large model exports for minutes.
