@@ -389,6 +389,29 @@ def test_corrupted_shard_fails_naming_the_file(corpus, baseline, tmp_path):
     assert record["status"] == "failed" and str(shard) in record["reason"], record
 
 
+def test_ranks_share_checking_a_checkpoint_and_each_names_the_damage(corpus, tmp_path):
+    """At resume every rank checks a share of the files, not all of them; damage one rank finds
+    reaches the others, so rank 0's failure record names the file rank 1 checked."""
+    run = tmp_path / "run"
+    write_config(run, train_config(run, corpus, steps=INTERVAL, export_hf=None))
+    assert_finished(train(run, nproc=2))
+    checkpoint = step_dir(run / "checkpoints", INTERVAL)
+    files = sorted(json.loads((checkpoint / MARKER).read_text())["files"])
+    damaged = checkpoint / files[1]  # the second file: rank 1 of 2 checks it
+    data = bytearray(damaged.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    damaged.write_bytes(bytes(data))
+
+    write_config(run, train_config(run, corpus, steps=INTERVAL + 2, export_hf=None))
+    done = train(run, nproc=2)
+    # every rank writes (and prints) the failure record: each one names the file
+    records = [json.loads(line) for line in done.output.splitlines() if line.startswith('{"status": "failed"')]
+    assert done.rc != 0 and len(records) == 2, done.output[-4000:]
+    assert all(str(damaged) in r["reason"] for r in records), records
+    record = json.loads((run / "record.json").read_text())
+    assert record["status"] == "failed" and str(damaged) in record["reason"], record
+
+
 # ----------------------------------------------------------------------------- evaluation
 
 

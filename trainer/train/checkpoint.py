@@ -76,10 +76,12 @@ def _crc32(path: Path) -> int:
     return crc
 
 
-def verify(path: Path) -> None:
-    """Every file the marker lists is there with its size and CRC32; else an error naming it."""
+def verify(path: Path, rank: int = 0, world: int = 1) -> None:
+    """Every file the marker lists is there with its size and CRC32; else an error naming it.
+    ``rank`` of ``world`` checks every world-th file, so that the ranks of a large run share
+    the reading instead of each reading the whole checkpoint."""
     record = json.loads((path / MARKER).read_text())
-    for name, (size, crc) in record["files"].items():
+    for name, (size, crc) in sorted(record["files"].items())[rank::world]:
         file = path / name
         if not file.exists():
             raise CheckpointError(f"checkpoint {path} is damaged: {file} is missing; delete {path} to resume "
@@ -87,6 +89,22 @@ def verify(path: Path) -> None:
         if file.stat().st_size != size or _crc32(file) != crc:
             raise CheckpointError(f"checkpoint {path} is damaged: {file} does not match its recorded size/CRC32 "
                                   f"({size} bytes); delete {path} to resume from the checkpoint before it")
+
+
+def verify_together(path: Path) -> None:
+    """:func:`verify`, its files shared among the ranks, every rank raising the first damage any
+    rank found (so the failure record names the file whichever rank writes it)."""
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return verify(path)
+    try:
+        verify(path, dist.get_rank(), dist.get_world_size())
+        found = None
+    except CheckpointError as exc:
+        found = str(exc)
+    everyone: list[str | None] = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, found)
+    if damage := next((message for message in everyone if message), None):
+        raise CheckpointError(damage)
 
 
 class Checkpointer:
@@ -110,7 +128,7 @@ class Checkpointer:
 
     def load(self, state: dict[str, Any], step: int) -> None:
         path = step_dir(self.root, step)
-        verify(path)
+        verify_together(path)
         try:
             # Per-rank entries (RNG) of a run with another world size are simply absent.
             dcp.load(state, checkpoint_id=str(path), planner=DefaultLoadPlanner(allow_partial_load=True))
