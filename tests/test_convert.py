@@ -114,6 +114,31 @@ def test_round_trip_is_the_identity(hf_model, tmp_path, backend, fuse):
     assert LlamaForCausalLM.from_pretrained(tmp_path / "back").config.num_key_value_heads == 2
 
 
+@pytest.mark.parametrize("kernel_copy", [True, False])
+def test_shards_hold_what_torch_save_would_with_or_without_kernel_copies(hf_model, tmp_path, monkeypatch,
+                                                                         kernel_copy):
+    """The writer copies row slices file to file (copy_file_range) into the layout torch.save
+    gives the shard; where a filesystem refuses that, it copies through a buffer. Either way the
+    shard loads as the tensors shard_items reads, in the same order, and is as large as
+    torch.save's own file of them."""
+    if not kernel_copy:
+        def refused(*args):
+            raise OSError(18, "Invalid cross-device link")
+        monkeypatch.setattr(converter.os, "copy_file_range", refused)
+    ckpt = HFCheckpoint(hf_model[1])
+    lay = layout("trn1", fuse=True)
+    converter.hf_to_nxdt(ckpt, lay, tmp_path / "out")
+    for (tp_rank, pp_rank), written in shards(tmp_path / "out" / "model").items():
+        expected = dict(shard_items(ckpt, lay, tp_rank, pp_rank))
+        assert list(written) == list(expected)
+        assert all(torch.equal(written[k], expected[k]) for k in expected)
+        # torch.save names the archive's records after the file (the shard's temporary name)
+        name = converter.shard_name(tp_rank, pp_rank)
+        (reference := tmp_path / "reference" / f"{name}.tmp").parent.mkdir(exist_ok=True)
+        torch.save(expected, reference)
+        assert (tmp_path / "out" / "model" / name).stat().st_size == reference.stat().st_size
+
+
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight
 

@@ -20,11 +20,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import shutil
+import struct
 import sys
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -43,6 +46,64 @@ class ConvertError(ValueError):
 
 
 # ---------------------------------------------------------------- reading HF checkpoints lazily
+
+
+# safetensors' dtype names (its header format) for the dtypes a checkpoint's weights come in
+SAFETENSORS_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
+
+
+@dataclass(frozen=True)
+class Rows:
+    """Rows of safetensors tensors, concatenated and not yet read: ``(file, offset, bytes)``
+    pieces that the writer copies from file to file in the kernel (``copy_file_range``), so
+    the row-split weights (most of a shard) never pass through this process's memory."""
+
+    pieces: tuple[tuple[str, int, int], ...]
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+    @staticmethod
+    def concat(parts: list[Rows]) -> Rows:
+        if any(p.shape[1:] != parts[0].shape[1:] or p.dtype != parts[0].dtype for p in parts):
+            raise ConvertError(f"cannot join rows of shapes {[p.shape for p in parts]} and dtypes "
+                               f"{sorted({str(p.dtype) for p in parts})}")
+        return Rows(tuple(piece for p in parts for piece in p.pieces),
+                    (sum(p.shape[0] for p in parts), *parts[0].shape[1:]), parts[0].dtype)
+
+    def copy_to(self, out_fd: int, offset: int) -> None:
+        sources: dict[str, int] = {}
+        try:
+            for path, start, count in self.pieces:
+                if path not in sources:
+                    sources[path] = os.open(path, os.O_RDONLY)
+                _copy_range(sources[path], start, out_fd, offset, count)
+                offset += count
+        finally:
+            for fd in sources.values():
+                os.close(fd)
+
+
+def _copy_range(src: int, src_offset: int, dst: int, dst_offset: int, count: int) -> None:
+    """``count`` bytes from file to file, in the kernel where the filesystems allow it, else
+    through a buffer (some network filesystems refuse copy_file_range)."""
+    while count:
+        try:
+            done = os.copy_file_range(src, dst, count, src_offset, dst_offset)
+        except OSError:
+            done = os.pwrite(dst, os.pread(src, min(count, 1 << 26), src_offset), dst_offset)
+        if done <= 0:
+            raise ConvertError(f"could not copy {count} bytes at offset {src_offset}: the source file is short")
+        src_offset, dst_offset, count = src_offset + done, dst_offset + done, count - done
+
+
+def _cat(parts: list, dim: int = 0):
+    """torch.cat, and the same for row pieces the writer has not read (see Rows)."""
+    if all(isinstance(p, Rows) for p in parts) and dim == 0:
+        return Rows.concat(parts)
+    return torch.cat(parts, dim=dim)
 
 
 def _keys(path: Path) -> list[str]:
@@ -72,6 +133,7 @@ class HFCheckpoint:
                 raise ConvertError(f"{directory / name}: safetensors shard listed in the index is missing")
         self.where = weight_map or {key: "model.safetensors" for key in _keys(directory / "model.safetensors")}
         self.read: set[str] = set()  # the tensors a conversion has read, to find any it left out
+        self._headers: dict[str, tuple[int, dict]] = {}
 
     def _file(self, key: str) -> str:
         if key not in self.where:
@@ -93,6 +155,24 @@ class HFCheckpoint:
 
     def rows(self, key: str, start: int, stop: int) -> torch.Tensor:
         return self._read(key, (slice(start, stop),))
+
+    def row_range(self, key: str, start: int, stop: int) -> Rows:
+        """Rows ``start:stop`` of ``key`` as where they lie in its file (safetensors stores each
+        tensor row-major and contiguous, after an 8-byte length and a JSON header)."""
+        self.read.add(key)
+        path = self._file(key)
+        if path not in self._headers:
+            with open(path, "rb") as f:
+                (length,) = struct.unpack("<Q", f.read(8))
+                self._headers[path] = (8 + length, json.loads(f.read(length)))
+        data_start, header = self._headers[path]
+        info = header[key]
+        shape, dtype = info["shape"], SAFETENSORS_DTYPES.get(info["dtype"])
+        if dtype is None or not 0 <= start <= stop <= shape[0]:
+            raise ConvertError(f"{path}: {key} ({info['dtype']}, {shape}) has no rows {start}:{stop} of a weight")
+        row_bytes = math.prod(shape[1:]) * dtype.itemsize
+        begin = data_start + info["data_offsets"][0] + start * row_bytes
+        return Rows(((path, begin, (stop - start) * row_bytes),), (stop - start, *shape[1:]), dtype)
 
     def cols(self, key: str, start: int, stop: int) -> torch.Tensor:
         return self._read(key, (slice(None), slice(start, stop)))
@@ -160,7 +240,7 @@ def check_shapes(ckpt: HFCheckpoint, layout: NxdtLayout) -> None:
 
 def _heads(ckpt: HFCheckpoint, key: str, heads: list[int], head_dim: int, dim: int) -> torch.Tensor:
     read = ckpt.rows if dim == 0 else ckpt.cols
-    return torch.cat([read(key, h * head_dim, (h + 1) * head_dim) for h in heads], dim=dim)
+    return _cat([read(key, h * head_dim, (h + 1) * head_dim) for h in heads], dim=dim)
 
 
 def shard_items(ckpt: HFCheckpoint, layout: NxdtLayout, tp_rank: int, pp_rank: int,
@@ -178,13 +258,13 @@ def shard_items(ckpt: HFCheckpoint, layout: NxdtLayout, tp_rank: int, pp_rank: i
         k = _heads(ckpt, f"{p}.{ATTN}.k_proj.weight", layout.kv_heads(tp_rank), hd, 0)
         v = _heads(ckpt, f"{p}.{ATTN}.v_proj.weight", layout.kv_heads(tp_rank), hd, 0)
         if layout.fuse_qkv:
-            yield f"{p}.{ATTN}.qkv_proj.weight_qkv", torch.cat([q, k, v])
+            yield f"{p}.{ATTN}.qkv_proj.weight_qkv", _cat([q, k, v])
         else:
             yield from ((f"{p}.{ATTN}.qkv_proj.weight_{x}", t) for x, t in zip("qkv", (q, k, v)))
         yield f"{p}.{ATTN}.o_proj.weight", _heads(ckpt, f"{p}.{ATTN}.o_proj.weight", layout.q_heads(tp_rank), hd, 1)
         rows = (tp_rank * ffn_rows, (tp_rank + 1) * ffn_rows)
-        yield f"{p}.{MLP}.gate_up_proj.weight", torch.cat([ckpt.rows(f"{p}.{MLP}.gate_proj.weight", *rows),
-                                                          ckpt.rows(f"{p}.{MLP}.up_proj.weight", *rows)])
+        yield f"{p}.{MLP}.gate_up_proj.weight", _cat([ckpt.rows(f"{p}.{MLP}.gate_proj.weight", *rows),
+                                                      ckpt.rows(f"{p}.{MLP}.up_proj.weight", *rows)])
         yield f"{p}.{MLP}.down_proj.weight", ckpt.cols(f"{p}.{MLP}.down_proj.weight", *rows)
         for norm in ("input_layernorm", "post_attention_layernorm"):
             yield f"{p}.{norm}.weight", ckpt.full(f"{p}.{norm}.weight")
@@ -198,19 +278,51 @@ def shard_name(tp_rank: int, pp_rank: int) -> str:
     return f"dp_rank_00_tp_rank_{tp_rank:02d}_pp_rank_{pp_rank:02d}.pt"
 
 
+class RowRanges:
+    """The checkpoint as the shard writer reads it: row slices as Rows, copied file to file;
+    column slices and whole tensors (row-parallel weights, norms) read as tensors."""
+
+    def __init__(self, ckpt: HFCheckpoint):
+        self.ckpt, self.config, self.where = ckpt, ckpt.config, ckpt.where
+        self.rows, self.cols, self.full = ckpt.row_range, ckpt.cols, ckpt.full
+
+
+def write_shard(state: dict[str, torch.Tensor | Rows], path: Path) -> None:
+    """What ``torch.save(state, path)`` writes, the bytes of Rows copied in by the kernel.
+
+    torch.save lays out the file with room for every tensor and no data (``skip_data``); the
+    storages' offsets are then read back (a load onto the meta device) and each tensor's bytes
+    written there. No CRC32 of the zip records: torch.load never checks them (PyTorch builds its
+    zip reader without CRC checks), --verify compares every tensor instead, and computing it
+    would mean reading every byte into this process."""
+    skeleton = {key: torch.empty(value.shape, dtype=value.dtype) for key, value in state.items()}
+    with serialization_config.patch(**{"save.compute_crc32": False}), torch.serialization.skip_data():
+        torch.save(skeleton, path)
+    laid_out = torch.load(path, map_location="meta", weights_only=True)
+    fd = os.open(path, os.O_WRONLY)
+    try:
+        for key, value in state.items():
+            offset = laid_out[key].untyped_storage()._checkpoint_offset
+            if isinstance(value, Rows):
+                value.copy_to(fd, offset)
+            else:
+                data = memoryview(value.contiguous().view(-1).view(torch.uint8).numpy())
+                while data:
+                    written = os.pwrite(fd, data, offset)
+                    data, offset = data[written:], offset + written
+    finally:
+        os.close(fd)
+
+
 def hf_to_nxdt(ckpt: HFCheckpoint, layout: NxdtLayout, staging: Path) -> dict:
     model_dir = staging / "model"
     model_dir.mkdir(parents=True)
     shards, params, total = 0, 0, 0
     for pp_rank in range(layout.pp):
         for tp_rank in range(layout.tp):
-            state = dict(shard_items(ckpt, layout, tp_rank, pp_rank))
+            state = dict(shard_items(RowRanges(ckpt), layout, tp_rank, pp_rank))
             path = model_dir / shard_name(tp_rank, pp_rank)
-            # No CRC32 of the zip records: torch.load has never checked them (PyTorch builds its
-            # zip reader without CRC checks) and --verify compares every tensor read back, while
-            # computing it is a quarter of torch.save's time.
-            with serialization_config.patch(**{"save.compute_crc32": False}):
-                torch.save(state, f"{path}.tmp")
+            write_shard(state, Path(f"{path}.tmp"))
             os.replace(f"{path}.tmp", path)
             shards += 1
             params += sum(t.numel() for t in state.values())
