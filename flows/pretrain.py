@@ -114,7 +114,8 @@ def pretrain(preset: str = "tiny-local", overrides: list[str] | None = None, sta
     # A deployment's named parameters come first and the user's overrides after them, so an
     # override wins, and passing overrides (which replaces the whole list) keeps a deployment's
     # cluster block and checkpoint.
-    named = [f"cluster.block={cluster_block}"] * bool(cluster_block) + [f"model.init_from={init_from}"] * bool(init_from)
+    named = [f"{field}={value}" for field, value in (("cluster.block", cluster_block), ("model.init_from", init_from))
+             if value]
     spec = load_spec(preset, [*named, *(overrides or [])])
     if dry_run:
         return {"rendered": publish_rendered(spec)}

@@ -164,7 +164,7 @@ def compare(record: BenchmarkRecord, base: dict[str, float],
     baseline that this run lacks compares as missing (a stage or a counter that vanished)."""
     values = record.values()
     return [Comparison(name, values.get(name), base.get(name), rule_for(name, thresholds))
-            for name in sorted({*values, *base}, key=[*values, *base].index)
+            for name in dict.fromkeys([*values, *base])
             if name in RULES or name.startswith(STAGE_PREFIX)]
 
 

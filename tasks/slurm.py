@@ -96,7 +96,7 @@ class SlurmJobFailed(RuntimeError):
         self.exit_code, self.nodes, self.log_tail = exit_code, nodes, log_tail
         lines = [f"job {job_id} ({name}) ended {state}"
                  + (f" with exit code {exit_code}" if exit_code else "")
-                 + (f" on {nodes}" if nodes and nodes != "None assigned" else "")
+                 + (f" on {nodes}" if nodes else "")
                  + (f": {detail}" if detail else "")]
         if log_tail:
             lines.append(f"last log lines ({log_path}):")
@@ -141,7 +141,8 @@ SACCT_FIELDS = "JobID,State,ExitCode,NodeList,Elapsed"
 def parse_sacct(text: str) -> dict[str, SacctRecord]:
     """Records of ``sacct -X --parsable2 --noheader -o JobID,State,ExitCode,NodeList,Elapsed``.
 
-    The state keeps only its first word: ``CANCELLED by 0`` is CANCELLED.
+    The state keeps only its first word: ``CANCELLED by 0`` is CANCELLED; a job that never got
+    nodes has "" for them, not sacct's placeholder.
     """
     records = {}
     for line in text.splitlines():
@@ -149,8 +150,8 @@ def parse_sacct(text: str) -> dict[str, SacctRecord]:
         if len(parts) != 5 or not parts[0]:
             continue
         job_id, state, exit_code, nodes, elapsed = parts
-        records[job_id] = SacctRecord(job_id, state.split()[0] if state else "UNKNOWN",
-                                      exit_code, nodes, elapsed)
+        records[job_id] = SacctRecord(job_id, state.split()[0] if state else "UNKNOWN", exit_code,
+                                      "" if nodes in ("None assigned", "(null)") else nodes, elapsed)
     return records
 
 
@@ -304,7 +305,7 @@ def jobs_of_this_flow_run() -> list[dict[str, str]]:
             nodes = "localhost"
         else:
             record = query_slurm_state(job.job_id)
-            nodes = record.nodes if record is not None and record.nodes != "None assigned" else ""
+            nodes = record.nodes if record is not None else ""
         jobs.append({"name": name, "job_id": job.job_id, "nodes": nodes})
     return jobs
 

@@ -48,8 +48,10 @@ def wait_running(job, timeout_s: float = 30) -> None:
 
 
 def test_parse_sacct_reads_states_exit_codes_and_nodes():
-    text = "41|COMPLETED|0:0|localhost|00:00:01\n42|CANCELLED by 0|0:15|localhost|00:00:07\n43_1|TIMEOUT|0:0|n[1-2]|00:01:30\n"
+    text = ("41|COMPLETED|0:0|localhost|00:00:01\n42|CANCELLED by 0|0:15|localhost|00:00:07\n43_1|TIMEOUT|0:0|n[1-2]|00:01:30\n"
+            "44|PENDING|0:0|None assigned|00:00:00\n")
     records = parse_sacct(text)
+    assert records["44"].nodes == ""  # not sacct's placeholder, which no consumer could use as a node list
     assert records["41"].state == "COMPLETED"
     assert records["42"].state == "CANCELLED" and records["42"].exit_code == "0:15"
     assert records["43_1"].nodes == "n[1-2]"

@@ -119,6 +119,18 @@ def start(run: Path, nproc: int = 1) -> subprocess.Popen:
         log.close()
 
 
+def train_side_by_side(runs: list[Path]) -> None:
+    """Start the runs together (one process each, so two fill this machine's two cores) and wait
+    for every one to finish."""
+    procs = {run: start(run) for run in runs}
+    try:
+        for run, proc in procs.items():
+            assert proc.wait(300) == 0, (run / "log").read_text()[-4000:]
+    finally:
+        for proc in procs.values():
+            kill_all(proc)
+
+
 def children(pid: int) -> list[int]:
     found = []
     for entry in Path("/proc").iterdir():
@@ -426,13 +438,7 @@ def test_validation_every_eval_interval_and_never_in_benchmark_mode(corpus, tmp_
         run = tmp_path / name
         write_config(run, train_config(run, corpus, steps=5, eval_interval=2, eval_iters=2, export_hf=None,
                                        metrics={"tensorboard_dir": str(run / "tb")}, **overrides))
-    procs = {name: start(tmp_path / name) for name in runs}
-    try:
-        for name, proc in procs.items():
-            assert proc.wait(300) == 0, (tmp_path / name / "log").read_text()[-4000:]
-    finally:
-        for proc in procs.values():
-            kill_all(proc)
+    train_side_by_side([tmp_path / name for name in runs])
 
     def evaluations(run: Path) -> tuple[list[dict], list[int], list[str]]:
         records = [r for r in metrics(run) if "val_loss" in r]
@@ -700,13 +706,7 @@ def test_accumulation_and_activation_checkpointing_leave_the_numbers_alone(corpu
     runs = {"one_micro_batch": {"micro_batch_size": 4}, "recomputed": {"parallel": {"activation_checkpointing": True}}}
     for name, overrides in runs.items():
         write_config(tmp_path / name, train_config(tmp_path / name, corpus, export_hf=None, **overrides))
-    procs = {name: start(tmp_path / name) for name in runs}
-    try:
-        for name, proc in procs.items():
-            assert proc.wait(300) == 0, (tmp_path / name / "log").read_text()[-4000:]
-    finally:
-        for proc in procs.values():
-            kill_all(proc)
+    train_side_by_side([tmp_path / name for name in runs])
     for name in runs:
         assert_losses_match(tmp_path / name, losses(baseline), 1e-4)
 
