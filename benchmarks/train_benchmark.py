@@ -3,6 +3,7 @@
     .venv/bin/python benchmarks/train_benchmark.py overhead [--steps 110] [--repeats 3] [--intervals 50,10]
     .venv/bin/python benchmarks/train_benchmark.py tiny-local
     python benchmarks/train_benchmark.py gpu [--steps 30] [--micro-batch 8] [--global-batch 16] [--smoke]
+    python benchmarks/train_benchmark.py resume [--steps 40]
 
 overhead: wall time per step of ``python -m trainer train`` (data loading from a Megatron
 dataset, metrics to JSONL + TensorBoard, async checkpoints) over a bare forward/backward/AdamW
@@ -25,6 +26,12 @@ prints the trainer's own tokens/s, MFU (from the device's dense bf16 peak) and s
 after warm-up (target MFU >= 45 % on one H100). Needs the trainer's dependencies beside a CUDA
 PyTorch (megatron-core for the dataset). ``--smoke`` runs the same path with the small overhead
 model on whatever device there is, to check the command.
+
+resume: not a timing but the check that belongs beside it on a lent accelerator, which the suite
+(CPU only) cannot make: the small model trains ``--steps`` steps on the default device, once in
+fp32 and once in bf16, then again from its mid-run checkpoint (model, optimizer, scheduler, data
+position and the CPU's and the device's random generators); prints the largest difference of a
+resumed step's loss from the uninterrupted run's.
 """
 
 from __future__ import annotations
@@ -32,6 +39,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -187,9 +195,8 @@ def gpu(steps: int, micro: int, global_batch: int, smoke: bool) -> None:
         values = [r[key] for r in timed if r.get(key) is not None]
         return statistics.median(values) if values else None
 
-    accelerator = torch.accelerator.current_accelerator() if torch.accelerator.is_available() else None
-    device = torch.cuda.get_device_name() if torch.cuda.is_available() else getattr(accelerator, "type", "cpu")
-    print(f"device: {device}; model: {model['num_layers']} layers, hidden {model['hidden_size']}, "
+    accelerator = torch.accelerator.is_available()
+    print(f"device: {device_name()}; model: {model['num_layers']} layers, hidden {model['hidden_size']}, "
           f"vocab {model['vocab_size']}, seq {seq}, micro-batch {micro}, global batch {global_batch}, "
           f"{'bf16' if accelerator else 'fp32 (bf16 only on accelerators)'}, "
           f"torch.compile; {len(timed)} timed steps after {WARMUP} warm-up")
@@ -199,11 +206,36 @@ def gpu(steps: int, micro: int, global_batch: int, smoke: bool) -> None:
           f"(target >= 45 % on one H100); peak memory {median('memory_gib'):.1f} GiB")
 
 
+def resume(steps: int) -> None:
+    """Steps after the mid-run checkpoint, trained straight through and again after a resume."""
+    from trainer.train.checkpoint import step_dir
+
+    at = steps // 2
+    for precision in ("fp32", "bf16"):
+        with tempfile.TemporaryDirectory() as tmp:
+            config = trainer_config(Path(tmp), MODEL, steps=steps, micro=MICRO, global_batch=GLOBAL, seq=SEQ,
+                                    checkpoint_interval=at, precision=precision)
+            straight = {step: r["loss"] for step, r in run_trainer(config).items()}
+            shutil.rmtree(step_dir(Path(tmp) / "ckpt", steps))  # the final one: the rerun starts at ``at``
+            resumed = {step: r["loss"] for step, r in run_trainer(config).items()}
+        after = range(at + 1, steps + 1)
+        assert sorted(resumed) == sorted(straight) == list(range(1, steps + 1)), sorted(resumed)
+        worst = max(abs(resumed[s] - straight[s]) for s in after)
+        print(f"resume on {device_name()}, {precision}: steps {at + 1}-{steps} from the step-{at} checkpoint; "
+              f"largest loss difference from the uninterrupted run {worst:.2e} (losses "
+              f"{straight[at + 1]:.3f} -> {straight[steps]:.3f}){'; identical' if worst == 0 else ''}")
+
+
+def device_name() -> str:
+    accelerator = torch.accelerator.current_accelerator() if torch.accelerator.is_available() else None
+    return torch.cuda.get_device_name() if torch.cuda.is_available() else getattr(accelerator, "type", "cpu")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("which", choices=["overhead", "tiny-local", "gpu", "bare"],
+    parser.add_argument("which", choices=["overhead", "tiny-local", "gpu", "resume", "bare"],
                         help="bare: one bare loop, for overhead")
-    parser.add_argument("--steps", type=int, help="default: 110 for overhead and bare, 30 for gpu")
+    parser.add_argument("--steps", type=int, help="default: 110 for overhead and bare, 30 for gpu, 40 for resume")
     parser.add_argument("--repeats", type=int, default=3, help="overhead: alternating runs of each")
     parser.add_argument("--intervals", default="50,10", help="overhead: checkpoint intervals to measure, in steps")
     parser.add_argument("--glibc-defaults", action="store_true", help="bare: leave malloc as glibc sets it up")
@@ -211,13 +243,15 @@ def main() -> None:
     parser.add_argument("--global-batch", type=int, default=16, help="gpu: sequences per step")
     parser.add_argument("--smoke", action="store_true", help="gpu: the small model, to check the command anywhere")
     args = parser.parse_args()
-    steps = args.steps or (30 if args.which == "gpu" else 110)
+    steps = args.steps or {"gpu": 30, "resume": 40}.get(args.which, 110)
     if args.which == "bare":
         print(bare_loop(steps, args.glibc_defaults))
     elif args.which == "overhead":
         overhead(steps, args.repeats, [int(i) for i in args.intervals.split(",")])
     elif args.which == "gpu":
         gpu(steps, args.micro_batch, args.global_batch, args.smoke)
+    elif args.which == "resume":
+        resume(steps)
     else:
         tiny_local()
 
