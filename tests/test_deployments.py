@@ -6,6 +6,7 @@ schedules, and what is left in `squeue`.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -19,6 +20,7 @@ import pytest
 
 from blocks.cluster import SlurmCluster
 from deployments import stack
+from deployments.stack.processes import alive
 from deployments.demo import save_credentials_block, seed_corpus
 from pretrain.corpus import corpus_texts
 from pretrain.presets import list_presets
@@ -68,23 +70,33 @@ def root(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("root")
 
 
-@pytest.fixture(scope="module")
-def worker(deployed, root, tmp_path_factory):
-    """``prefect worker start --pool pretrain``, in its own session so that it and the flow-run
-    processes it starts are stopped together at the end."""
-    log = tmp_path_factory.mktemp("worker") / "worker.log"
-    env = {**deployed["env"], "PRETRAIN_ROOT": str(root), "PREFECT_WORKER_QUERY_SECONDS": "2",
-           "PREFECT_WORKER_PREFETCH_SECONDS": "2"}
+def start_worker(env: dict, log: Path, queue: str) -> subprocess.Popen:
+    """``prefect worker start --pool pretrain`` for one of its work queues, in its own session so
+    that it and the flow-run processes it starts are stopped together."""
+    env = {**env, "PREFECT_WORKER_QUERY_SECONDS": "2", "PREFECT_WORKER_PREFETCH_SECONDS": "2"}
     with open(log, "w") as out:
-        proc = subprocess.Popen([PREFECT, "worker", "start", "--pool", POOL], cwd=REPO, env=env, stdout=out,
-                                stderr=subprocess.STDOUT, start_new_session=True)
-    yield {"log": log, "pid": proc.pid, **deployed}
+        return subprocess.Popen([PREFECT, "worker", "start", "--pool", POOL, "--work-queue", queue], cwd=REPO,
+                                env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def stop_worker(proc: subprocess.Popen) -> None:
     os.killpg(proc.pid, signal.SIGTERM)
     try:
         proc.wait(timeout=30)
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def worker(deployed, root, tmp_path_factory):
+    """The module's worker. It serves the pool's default queue, the one every deployment in
+    prefect.yaml uses (a head node's worker serves the whole pool), so that a test can start a
+    worker of its own for a queue of its own."""
+    log = tmp_path_factory.mktemp("worker") / "worker.log"
+    proc = start_worker({**deployed["env"], "PRETRAIN_ROOT": str(root)}, log, "default")
+    yield {"log": log, "pid": proc.pid, **deployed}
+    stop_worker(proc)
 
 
 @pytest.fixture(scope="module")
@@ -120,8 +132,8 @@ def wait_for(run_id: str, worker, states: set[str] | None = None, timeout: float
         if (run.state.name in states) if states else run.state.is_final():
             return run
         if time.monotonic() > deadline:
-            pytest.fail(f"flow run {run_id} still {run.state.name} after {timeout:.0f} s; worker log:\n"
-                        + worker["log"].read_text()[-4000:])
+            pytest.fail(f"flow run {run_id} still {run.state.name} after {timeout:.0f} s; its last logs:\n"
+                        + "\n".join(log.message for log in logs_of(run_id)[-30:])[-4000:])
         time.sleep(1)
 
 
@@ -340,8 +352,8 @@ def test_cancelling_a_running_flow_cancels_its_slurm_job(worker, tiny_local):
                             {"overrides": [*tiny_local, "training.train_steps=100000", "backend.native.compile=false"]})
     job = running_job("tiny-local-train", older)
     prefect_cli(worker, "flow-run", "cancel", run_id)
-    assert gone_within(job, 30), ("the Slurm job outlived its cancelled flow run by 30 s; worker log:\n"
-                                  + worker["log"].read_text()[-4000:])
+    assert gone_within(job, 30), ("the Slurm job outlived its cancelled flow run by 30 s; its last logs:\n"
+                                  + "\n".join(log.message for log in logs_of(run_id)[-30:])[-4000:])
     assert wait_for(run_id, worker, timeout=120).state.name == "Cancelled"
 
 
@@ -420,6 +432,39 @@ def test_a_killed_flow_process_leaves_no_slurm_job(worker, tiny_local):
         assert gone_within(job, 60)
         assert wait_for(run_id, worker, timeout=120).state.name == "Crashed"
     finally:
+        delete_block("slurm-cluster", "short-lease")
+
+
+def test_a_killed_worker_leaves_the_flow_run_in_charge_of_its_slurm_job(worker, tiny_local, root, tmp_path):
+    """A worker that dies (the OOM killer, say) takes nothing with it: the flow-run process it
+    started goes on renewing its job's lease, and a cancel from the API still ends the job."""
+    from prefect import get_client
+    from prefect.exceptions import ObjectAlreadyExists
+
+    SlurmCluster(lease_timeout_s=10).save("short-lease", overwrite=True)
+    with get_client(sync_client=True) as client, contextlib.suppress(ObjectAlreadyExists):  # the stack outlives a run
+        client.create_work_queue("worker-crash", work_pool_name=POOL)
+    crashing = start_worker({**worker["env"], "PRETRAIN_ROOT": str(root)}, tmp_path / "worker.log", "worker-crash")
+    older = set(dict(squeue("tiny-local-train")))
+    try:
+        with get_client(sync_client=True) as client:
+            run_id = str(client.create_flow_run_from_deployment(
+                client.read_deployment_by_name("pretrain/tiny-local").id, work_queue_name="worker-crash",
+                parameters={"preset": "tiny-local", "overrides": [*tiny_local, "training.train_steps=100000",
+                            "backend.native.compile=false", "cluster.block=short-lease"]}).id)
+        job = running_job("tiny-local-train", older)
+        flow_process = flow_run_process(run_id, crashing.pid)
+        os.kill(crashing.pid, signal.SIGKILL)
+        crashing.wait(timeout=30)
+        time.sleep(20)  # twice the lease: a job whose lease lapsed would be cancelling itself by now
+        assert dict(squeue("tiny-local-train")).get(job) == "RUNNING", (tmp_path / "worker.log").read_text()[-4000:]
+        assert alive(flow_process) and flow_run(run_id).state.name == "Running"
+        prefect_cli(worker, "flow-run", "cancel", run_id)
+        assert gone_within(job, 30), "the Slurm job outlived its cancelled flow run by 30 s"
+        assert wait_for(run_id, worker, timeout=120).state.name == "Cancelled"
+    finally:
+        with contextlib.suppress(ProcessLookupError):  # the flow-run process, if the test failed before its end
+            os.killpg(crashing.pid, signal.SIGKILL)
         delete_block("slurm-cluster", "short-lease")
 
 

@@ -15,6 +15,7 @@ from prefect import flow, get_client, task
 from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
 
 from blocks.cluster import SlurmCluster
+from deployments.stack.processes import alive
 from pretrain.command import Command
 from slurm_faults import preempt_node
 from tasks.slurm import (
@@ -236,23 +237,15 @@ def test_killed_flow_process_leaves_no_job_behind(local_stack, shared_dir, execu
     if executor == "slurm":
         assert job_id in squeue_ids()
     else:
-        assert int(job_id) > 0 and _alive(int(job_id))
+        assert int(job_id) > 0 and alive(int(job_id))
     proc.kill()
     proc.wait(timeout=30)
     deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and (job_id in squeue_ids() if executor == "slurm" else _alive(int(job_id))):
+    while time.monotonic() < deadline and (job_id in squeue_ids() if executor == "slurm" else alive(int(job_id))):
         time.sleep(0.5)
-    assert job_id not in squeue_ids() if executor == "slurm" else not _alive(int(job_id))
+    assert job_id not in squeue_ids() if executor == "slurm" else not alive(int(job_id))
     log = next(shared_dir.glob(f"orphan-*/{job_id}_0_log.out")).read_text()
     assert "has not renewed" in log and "cancelling the job" in log
-
-
-def _alive(pid: int) -> bool:
-    """Whether a local job's process still runs (a zombie no longer does)."""
-    try:
-        return open(f"/proc/{pid}/stat").read().split(")")[-1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
 
 
 # ---------------------------------------------------------------- local executor

@@ -22,6 +22,7 @@ import numpy as np
 import pytest
 from torch.distributed.checkpoint import FileSystemReader
 
+from deployments.stack.processes import alive
 from trainer.indexed_dataset import IndexedDatasetWriter
 from trainer.launch.native import FORWARDED_SIGNALS
 from trainer.train.checkpoint import MARKER, complete_steps, step_dir, verify
@@ -167,18 +168,9 @@ def kill_all(proc: subprocess.Popen) -> None:
             pass
     proc.wait(30)
     deadline = time.monotonic() + 30
-    while any(_alive(pid) for pid in ranks):
+    while any(alive(pid) for pid in ranks):
         assert time.monotonic() < deadline, f"ranks {ranks} survived SIGKILL"
         time.sleep(0.05)
-
-
-def _alive(pid: int) -> bool:
-    """Running, not a zombie (an orphaned rank's zombie waits for init to reap it)."""
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
 
 
 def wait_until(condition, proc: subprocess.Popen, run: Path, timeout: float = 240) -> None:
@@ -233,6 +225,14 @@ def assert_losses_match(run: Path, reference: dict[int, float], tolerance: float
     assert sorted(got) == sorted(reference)
     worst = max(abs(got[s] - reference[s]) for s in reference)
     assert worst <= tolerance, f"largest loss difference {worst:.3g} > {tolerance}: {got} vs {reference}"
+
+
+def assert_sealed(checkpoint: Path) -> None:
+    """The marker lists every file of the checkpoint (with two ranks, each sealed a share of
+    them), and each file matches its recorded size and CRC32."""
+    listed = set(json.loads((checkpoint / MARKER).read_text())["files"])
+    assert listed == {p.name for p in checkpoint.iterdir() if p.is_file() and p.name != MARKER}
+    verify(checkpoint)
 
 
 def assert_finished(done: Finished) -> None:
@@ -302,7 +302,7 @@ def test_stop_signal_then_crash_resume_exactly_under_torchrun(corpus, dp_baselin
     assert [e["step"] for e in events(run, "stopped")] == [stop]
     assert logged_steps(run) == list(range(1, stop + 1))
     assert latest_complete(run) == stop
-    verify(step_dir(run / "checkpoints", stop))
+    assert_sealed(step_dir(run / "checkpoints", stop))
 
     # 2. Started again, then killed after a checkpoint of its own is complete, before the next.
     (run / "record.json").unlink()
@@ -352,7 +352,7 @@ def test_stop_signal_reaching_one_rank_stops_every_rank_at_the_same_step(corpus,
     assert stopped == [str(stop), str(stop)], log[-4000:]
     assert [e["step"] for e in events(run, "stopped")] == [stop]
     assert latest_complete(run) == stop == max(logged_steps(run))
-    verify(step_dir(run / "checkpoints", stop))
+    assert_sealed(step_dir(run / "checkpoints", stop))
 
 
 def test_a_run_without_a_final_checkpoint_writes_none(corpus, tmp_path):
@@ -377,7 +377,7 @@ def test_half_written_newest_checkpoint_is_skipped(corpus, baseline, tmp_path):
     assert logged_steps(run) == list(range(1, STEPS + 1))
     assert_losses_match(run, losses(baseline), 1e-5)
     assert complete_steps(run / "checkpoints") == [STEPS - INTERVAL, STEPS]
-    verify(step_dir(run / "checkpoints", STEPS))
+    assert_sealed(step_dir(run / "checkpoints", STEPS))
 
 
 def test_corrupted_shard_fails_naming_the_file(corpus, baseline, tmp_path):

@@ -76,12 +76,17 @@ def _crc32(path: Path) -> int:
     return crc
 
 
+def _share(items: list, rank: int, world: int) -> list:
+    """The part of a checkpoint's files one rank reads, so that the ranks of a large run share
+    the reading (a 70B run's checkpoint is ~1 TB) instead of one reading it all."""
+    return sorted(items)[rank::world]
+
+
 def verify(path: Path, rank: int = 0, world: int = 1) -> None:
     """Every file the marker lists is there with its size and CRC32; else an error naming it.
-    ``rank`` of ``world`` checks every world-th file, so that the ranks of a large run share
-    the reading instead of each reading the whole checkpoint."""
+    ``rank`` of ``world`` checks its share of the files."""
     record = json.loads((path / MARKER).read_text())
-    for name, (size, crc) in sorted(record["files"].items())[rank::world]:
+    for name, (size, crc) in _share(list(record["files"].items()), rank, world):
         file = path / name
         if not file.exists():
             raise CheckpointError(f"checkpoint {path} is damaged: {file} is missing; delete {path} to resume "
@@ -101,9 +106,20 @@ def verify_together(path: Path) -> None:
         found = None
     except CheckpointError as exc:
         found = str(exc)
-    everyone: list[str | None] = [None] * dist.get_world_size()
-    dist.all_gather_object(everyone, found)
-    if damage := next((message for message in everyone if message), None):
+    _raise_first(_gathered((None, found)))
+
+
+def _gathered(value: Any, group: dist.ProcessGroup | None = None) -> list[Any]:
+    """Every rank's ``value``, on every rank."""
+    everyone: list[Any] = [None] * dist.get_world_size(group)
+    dist.all_gather_object(everyone, value, group=group)
+    return everyone
+
+
+def _raise_first(results: list[tuple[Any, str | None]]) -> None:
+    """Every rank's (result, error), gathered: raise the first error any rank met, on every rank,
+    so that each fails the same way and none waits for the others in a later collective."""
+    if damage := next((error for _, error in results if error), None):
         raise CheckpointError(damage)
 
 
@@ -185,10 +201,22 @@ class Checkpointer:
         return CheckpointError(f"writing checkpoint step {step} to {step_dir(self.root, step)} failed: {exc}; {kept}")
 
     def _finish(self, step: int) -> None:
+        """Seal a written checkpoint: each rank records the size and CRC32 of its share of the
+        files (DCP's save returns on a rank only once every rank's files and the metadata are on
+        disk), and rank 0 writes the marker from all of them, then prunes."""
+        path = step_dir(self.root, step)
+        world = dist.get_world_size(self.group)
+        try:
+            mine = {p.name: (p.stat().st_size, _crc32(p))
+                    for p in _share([p for p in path.iterdir() if p.is_file()], self.rank, world)}
+            failed = None
+        except OSError as exc:
+            mine, failed = {}, f"sealing checkpoint {path} failed: {exc}"
+        shares = _gathered((mine, failed), self.group)
+        _raise_first(shares)
         if self.rank != 0:
             return
-        path = step_dir(self.root, step)
-        files = {p.name: (p.stat().st_size, _crc32(p)) for p in sorted(path.iterdir()) if p.is_file()}
+        files = {name: entry for share, _ in shares for name, entry in share.items()}
         tmp = path / f".{MARKER}.tmp"
         tmp.write_text(json.dumps({"step": step, "files": files}))
         os.replace(tmp, path / MARKER)
