@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import sys
 from pathlib import Path
 
 
@@ -17,4 +18,7 @@ def emit(record: dict, path: str | None = None) -> None:
         tmp = Path(f"{path}.{socket.gethostname()}-{os.getpid()}.tmp")
         tmp.write_text(line + "\n")
         os.replace(tmp, path)
-    print(line)
+    # One write of the whole line, not print's two (text, then newline): the ranks of a failed run
+    # all emit their record at once into one pipe, where two writes each could interleave.
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()

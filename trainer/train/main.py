@@ -28,7 +28,7 @@ EXIT_BAD_INPUT = 2
 def failed(exc: Exception, record: str | None, status: int) -> int:
     """Every rank meets these (the config, the data and the loss are the same everywhere; a
     checkpoint error may be one rank's): whichever writes last, the record names a reason."""
-    print(f"error: {exc}", file=sys.stderr)
+    sys.stderr.write(f"error: {exc}\n")  # one write, as records.emit does: every rank writes at once
     if record:
         records.emit({"status": "failed", "reason": str(exc)}, record)
     return status
