@@ -14,14 +14,15 @@ import signal
 import subprocess
 import sys
 import time
+from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
 
 from blocks.cluster import SlurmCluster
 from deployments import stack
-from deployments.stack.processes import alive
 from deployments.demo import save_credentials_block, seed_corpus
+from deployments.stack.processes import alive
 from pretrain.corpus import corpus_texts
 from pretrain.presets import list_presets
 from pretrain.toy_tokenizers import llama3_style
@@ -133,7 +134,7 @@ def wait_for(run_id: str, worker, states: set[str] | None = None, timeout: float
             return run
         if time.monotonic() > deadline:
             pytest.fail(f"flow run {run_id} still {run.state.name} after {timeout:.0f} s; its last logs:\n"
-                        + "\n".join(log.message for log in logs_of(run_id)[-30:])[-4000:])
+                        + last_logs(run_id))
         time.sleep(1)
 
 
@@ -156,6 +157,11 @@ def logs_of(run_id: str) -> list:
                                        limit=200, offset=len(logs)):
             logs.extend(page)
     return logs
+
+
+def last_logs(run_id: str) -> str:
+    """The end of a flow run's logs on the server, for a failure message."""
+    return "\n".join(log.message for log in logs_of(run_id)[-30:])[-4000:]
 
 
 def squeue(name: str) -> list[tuple[str, str]]:
@@ -353,7 +359,7 @@ def test_cancelling_a_running_flow_cancels_its_slurm_job(worker, tiny_local):
     job = running_job("tiny-local-train", older)
     prefect_cli(worker, "flow-run", "cancel", run_id)
     assert gone_within(job, 30), ("the Slurm job outlived its cancelled flow run by 30 s; its last logs:\n"
-                                  + "\n".join(log.message for log in logs_of(run_id)[-30:])[-4000:])
+                                  + last_logs(run_id))
     assert wait_for(run_id, worker, timeout=120).state.name == "Cancelled"
 
 
@@ -456,9 +462,12 @@ def test_a_killed_worker_leaves_the_flow_run_in_charge_of_its_slurm_job(worker, 
         flow_process = flow_run_process(run_id, crashing.pid)
         os.kill(crashing.pid, signal.SIGKILL)
         crashing.wait(timeout=30)
+        killed_at = datetime.now(timezone.utc)
         time.sleep(20)  # twice the lease: a job whose lease lapsed would be cancelling itself by now
-        assert dict(squeue("tiny-local-train")).get(job) == "RUNNING", (tmp_path / "worker.log").read_text()[-4000:]
+        assert dict(squeue("tiny-local-train")).get(job) == "RUNNING", last_logs(run_id)
         assert alive(flow_process) and flow_run(run_id).state.name == "Running"
+        # The flow process went on logging (the training job's lines) after its worker was gone.
+        assert any(log.timestamp > killed_at for log in logs_of(run_id)), last_logs(run_id)
         prefect_cli(worker, "flow-run", "cancel", run_id)
         assert gone_within(job, 30), "the Slurm job outlived its cancelled flow run by 30 s"
         assert wait_for(run_id, worker, timeout=120).state.name == "Cancelled"
