@@ -73,7 +73,9 @@ def parse_npc_log(text: str) -> CompileSummary:
 
 def training_compiles(text: str) -> dict[str, int]:
     """Graphs a training run still compiled itself (0 when precompile covered everything), and
-    graphs it took from the cache."""
+    graphs it took from the cache. "Compiler status PASS" is neuronx-cc's own closing line: the
+    reference shows it in npc's worker output, and a cache miss in training runs the same
+    compiler through the same cc wrapper; the wrapper's cache-hit line is counted the other way."""
     return {"compiled": text.count(_COMPILED), "from_cache": text.count(_CACHED_NEFF)}
 
 

@@ -91,9 +91,14 @@ def test_kv_replication_pairs_each_ranks_q_heads_with_its_kv_head(backend):
     assert tiled == ([0, 1, 0, 1] if backend == "trn1" else [0, 0, 1, 1])  # repeat vs repeat_interleave
 
 
-@pytest.mark.parametrize("backend, fuse", [("trn1", False), ("trn2", True)])
-def test_round_trip_is_the_identity(hf_model, tmp_path, backend, fuse):
+@pytest.mark.parametrize("backend, fuse, dtype", [("trn1", False, torch.float32), ("trn2", True, torch.float32),
+                                                  ("trn1", True, torch.bfloat16)])
+def test_round_trip_is_the_identity(hf_model, tmp_path, backend, fuse, dtype):
     model, src = hf_model
+    if dtype != torch.float32:  # checkpoints come in bf16: the way back must not widen them
+        model = LlamaForCausalLM(model.config).to(dtype)
+        model.save_pretrained(tmp_path / "src", safe_serialization=True)
+        src = tmp_path / "src"
     extra = ["--fuse-qkv"] if fuse else []
     record = json.loads(convert("hf-to-nxdt", "--input", str(src), "--output", str(tmp_path / "n"), "--tp", str(TP),
                                 "--pp", str(PP), "--kv-multiplier", str(MULT), "--hw-backend", backend,
@@ -110,7 +115,7 @@ def test_round_trip_is_the_identity(hf_model, tmp_path, backend, fuse):
     original = model.state_dict()
     assert set(back) == set(original)
     for key, tensor in original.items():
-        assert torch.equal(back[key], tensor), key
+        assert back[key].dtype == tensor.dtype and torch.equal(back[key], tensor), key
     assert LlamaForCausalLM.from_pretrained(tmp_path / "back").config.num_key_value_heads == 2
 
 
@@ -226,6 +231,13 @@ def test_bad_inputs_are_named_and_leave_nothing_behind(hf_model, tmp_path):
                   "--kv-multiplier", "3", "--hw-backend", "trn1", check=False)
     assert out.returncode == 2 and "kv multiplier 3 must divide tp=4 (NxD's GQAQKVColumnParallelLinear" in out.stderr
 
+    odd_ffn = tmp_path / "odd-ffn"  # 98 MLP rows over tp 4: NxD asserts divisibility, it does not pad
+    LlamaForCausalLM(LlamaConfig(hidden_size=64, num_attention_heads=8, num_key_value_heads=2, num_hidden_layers=2,
+                                 intermediate_size=98, vocab_size=128)).save_pretrained(odd_ffn)
+    out = convert("hf-to-nxdt", "--input", str(odd_ffn), "--output", str(tmp_path / "o5"), *base, check=False)
+    assert out.returncode == 2 and "intermediate_size 98 is not divisible by tp=4" in out.stderr
+    assert not (tmp_path / "o5").exists()
+
     existing = tmp_path / "existing"
     existing.mkdir()
     (existing / "keep.txt").write_text("precious")
@@ -297,6 +309,14 @@ def test_verify_and_the_way_back_check_every_copy_and_every_source_tensor(hf_mod
     out = convert("hf-to-nxdt", "--input", str(extra), "--output", str(tmp_path / "o"), "--tp", "4", "--pp", "1",
                   "--kv-multiplier", "2", "--hw-backend", "trn2", check=False)
     assert out.returncode == 2 and "num_hidden_layers=2, but the checkpoint holds model.layers.2" in out.stderr
+
+    # Equal values in another dtype are not the source either (torch.equal alone would pass them).
+    model_dir = to_nxdt(src, tmp_path / "widened", "trn2")
+    state = torch.load(model_dir / shard.name, weights_only=True)
+    state["model.layers.1.mlp.down_proj.weight"] = state["model.layers.1.mlp.down_proj.weight"].double()
+    torch.save(state, model_dir / shard.name)
+    with pytest.raises(ConvertError, match="down_proj.weight is torch.float64, the HF checkpoint's is torch.float32"):
+        verify(HFCheckpoint(src), model_dir, layout("trn2"))
 
 
 # ------------------------------------------------------------------ NxD's rules and the converter's own

@@ -62,17 +62,22 @@ def tiny_hf(tmp_path) -> Path:
 def test_convert_task_runs_on_slurm_and_is_reused(local_stack, tiny_hf, tmp_path):
     spec = load_spec("tiny-local", [
         f"paths.root={tmp_path / 'root'}", f"model.init_from={tiny_hf}", "cluster.executor=slurm",
-        "backend.kind=neuron", "backend.neuron={instance_type: trn2}", "parallel.tp=2", "parallel.pp=2",
-        "parallel.pipeline_cuts=[model.layers.0]", "cluster.devices_per_node=4"])
+        "backend.kind=neuron", "backend.neuron={instance_type: trn2}", "parallel.tp=4", "parallel.pp=2",
+        "parallel.kv_replicator=2", "parallel.pipeline_cuts=[model.layers.0]", "cluster.devices_per_node=8"])
     state = convert_once(spec, return_state=True)
     assert state.is_completed(), state.message
     checkpoint = Path(state.result())
     meta = json.loads((checkpoint.parent / "MANIFEST.json").read_text())
-    assert meta["shards"] == 4 and meta["verified_tensors"] == 4 * 9 + 3
+    assert meta["shards"] == 8 and meta["verified_tensors"] == 4 * 9 + 3
     first = torch.load(checkpoint / "model" / "dp_rank_00_tp_rank_01_pp_rank_00.pt", weights_only=True)
-    # Mismatch 2 and 3: trn2 placement with the spec's own cuts; mismatch 1: the fused QKV the YAML loads.
+    # Mismatch 3: the spec's own cuts (layer 0 alone on stage 0); mismatch 1: the fused QKV the YAML loads.
     assert sorted({k.split(".")[2] for k in first if k.startswith("model.layers.")}) == ["0"]
-    assert "model.layers.0.self_attn.qkv_proj.weight_qkv" in first
+    q, k, v = first["model.layers.0.self_attn.qkv_proj.weight_qkv"].split([32, 32, 32])
+    # Mismatch 2: 2 KV heads x kv_replicator 2 over tp 4. trn2 interleaves the copies (ranks 0
+    # and 1 hold KV head 0, with Q heads 0 and 1); trn1's layout would give rank 1 KV head 1.
+    hf = load_file(tiny_hf / "model.safetensors")
+    assert torch.equal(k, hf["model.layers.0.self_attn.k_proj.weight"][:32])
+    assert torch.equal(q, hf["model.layers.0.self_attn.q_proj.weight"][32:64])
     again = convert_once(spec, return_state=True)
     assert again.result() == state.result()
     # The spec changed shape, the checkpoint did not: checked again, not handed the conversion.

@@ -53,6 +53,8 @@ def test_nxdt_progress_bar_updates_split_on_carriage_returns():
     assert [p["step"] for p in points] == [2, 3]
     assert points[0]["consumed_samples"] / 1024 == points[0]["step"]
     assert points[1]["loss"] == 6.5 and points[1]["grad_norm"] == 8.6 and points[1]["param_norm"] == 1950.0
+    assert points[1]["throughput_seq_s"] == 0.108 and points[1]["throughput_peak_seq_s"] == 0.0677
+    assert points[1]["lr"] == 2.73e-5 and points[1]["consumed_samples"] == 32.0
     assert points[0]["loss"] == 13.40  # the older line for the same step came last and wins
     assert points[0]["lr"] == 7.5e-9
     assert stream.skipped == 0

@@ -230,9 +230,11 @@ def check_shapes(ckpt: HFCheckpoint, layout: NxdtLayout) -> None:
     if any(key.startswith(f"model.layers.{layout.num_layers}.") for key in ckpt.where):
         raise ConvertError(f"{ckpt.directory / 'config.json'} does not match the tensors: num_hidden_layers="
                            f"{layout.num_layers}, but the checkpoint holds model.layers.{layout.num_layers} and more")
-    vocab = ckpt.config["vocab_size"]
-    if vocab % layout.tp:
-        raise ConvertError(f"vocab_size {vocab} is not divisible by tp={layout.tp} (NxD does not pad)")
+    # NxD's parallel layers assert size % tp == 0 and do not pad (reference/nxdt.md §1.6)
+    for field in ("vocab_size", "intermediate_size"):
+        if ckpt.config[field] % layout.tp:
+            raise ConvertError(f"{ckpt.directory / 'config.json'}: {field} {ckpt.config[field]} is not divisible "
+                               f"by tp={layout.tp} (NxD does not pad); choose a tp that divides it")
 
 
 # ---------------------------------------------------------------- HF -> NxDT
@@ -367,10 +369,11 @@ def unshard_stage(layout: NxdtLayout, pp_rank: int, shards: list[dict[str, torch
         out["model.embed_tokens.weight"] = torch.cat([s["model.embed_tokens.weight"] for s in shards])
     for layer in layout.layers_of_stage(pp_rank):
         p = f"model.layers.{layer}"
-        q_full = torch.empty(layout.num_heads * hd, shards[0][f"{p}.{ATTN}.o_proj.weight"].shape[0])
-        k_full = torch.empty(layout.num_kv_heads * hd, q_full.shape[1])
+        o_shard = shards[0][f"{p}.{ATTN}.o_proj.weight"]  # [hidden, heads of the rank]: size and dtype
+        q_full = torch.empty(layout.num_heads * hd, o_shard.shape[0], dtype=o_shard.dtype)
+        k_full = torch.empty(layout.num_kv_heads * hd, q_full.shape[1], dtype=o_shard.dtype)
         v_full = torch.empty_like(k_full)
-        o_full = torch.empty(q_full.shape[1], layout.num_heads * hd)
+        o_full = torch.empty(q_full.shape[1], layout.num_heads * hd, dtype=o_shard.dtype)
         kv_seen: set[int] = set()
         for rank, s in enumerate(shards):
             if layout.fuse_qkv:
@@ -441,6 +444,9 @@ def verify(source: HFCheckpoint, model_dir: Path, layout: NxdtLayout) -> dict:
                 expected.add(key)
                 if key not in written:
                     raise ConvertError(f"verify: {path} lacks {key}")
+                if written[key].dtype != tensor.dtype:  # torch.equal compares values only
+                    raise ConvertError(f"verify: {path}: {key} is {written[key].dtype}, the HF checkpoint's "
+                                       f"is {tensor.dtype}")
                 if not torch.equal(written[key], tensor):
                     raise ConvertError(f"verify: {path}: {key} differs from the HF checkpoint")
             if extra := sorted(set(written) - expected):

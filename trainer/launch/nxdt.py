@@ -22,8 +22,10 @@ def _common(spec: PretrainSpec, init_checkpoint: str | None) -> dict[str, Any]:
         "devices": spec.cluster.devices_per_node, "num_nodes": spec.cluster.nodes, "max_epochs": -1,
         "max_steps": t.train_steps, "log_every_n_steps": n.log_every_n_steps,
         "val_check_interval": t.eval_interval, "check_val_every_n_epoch": None,
-        "num_sanity_val_steps": 0, "limit_val_batches": float(t.eval_iters) if t.eval_iters else 0.0,
-        "limit_test_batches": float(t.eval_iters) if t.eval_iters else 0.0, "gradient_clip_val": t.grad_clip,
+        # Lightning reads an int as a number of batches and a float as a fraction of the set:
+        # eval_iters batches, or 0.0 (none, as the 70B yamls publish it).
+        "num_sanity_val_steps": 0, "limit_val_batches": t.eval_iters or 0.0,
+        "limit_test_batches": t.eval_iters or 0.0, "gradient_clip_val": t.grad_clip,
     }
     if n.instance_type == "trn2":
         trainer["lnc"] = n.lnc
@@ -34,7 +36,7 @@ def _common(spec: PretrainSpec, init_checkpoint: str | None) -> dict[str, Any]:
         "virtual_pipeline_model_parallel_size": 1, "zero1": p.zero1, "sequence_parallel": p.sequence_parallel,
         "kv_replicator": p.kv_replicator,
     }
-    if p.cp > 1:
+    if spec.model.family == "llama":  # the hf_llama3 yamls carry it (1 on trn1), the GPT yaml does not
         strategy["context_parallel_size"] = p.cp
     exp_manager = {
         "log_local_rank_0_only": True, "create_tensorboard_logger": True, "explicit_log_dir": None,
