@@ -551,12 +551,34 @@ def run_job(request: JobRequest, cluster: SlurmCluster, folder: Path, poll_s: fl
             cancel(job)
 
 
+def wait_gone(job: submitit.Job, timeout_s: float, poll_s: float = 1.0) -> bool:
+    """Until the job's processes have exited (squeue no longer lists it, COMPLETING included);
+    False if they outlast ``timeout_s``. A cancelled training job's ranks save a checkpoint into
+    the run directory on their way out: the next attempt must not start beside them."""
+    deadline = time.monotonic() + timeout_s
+    while not job.done() if isinstance(job, submitit.LocalJob) else queue_state(job.job_id) is not None:
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(poll_s)
+    return True
+
+
 def expand_nodes(nodes: str) -> list[str]:
     """``node[1-3],gpu7`` as host names (``scontrol show hostnames``); empty for none."""
     if not nodes or nodes in ("None assigned", "(null)"):
         return []
     out = subprocess.run(["scontrol", "show", "hostnames", nodes], capture_output=True, text=True, timeout=60)
     return out.stdout.split() if out.returncode == 0 else [nodes]
+
+
+def unhealthy_nodes(nodes: list[str]) -> set[str]:
+    """Those of ``nodes`` that Slurm now holds down, drained, failed or not responding: after a
+    NODE_FAIL, the job's node list names every node it ran on, and this tells which one failed."""
+    if not nodes:
+        return set()
+    out = subprocess.run(["sinfo", "--noheader", "--Node", "--nodes", ",".join(nodes), "--format", "%N",
+                          "--states", "down,drain,fail,no_respond"], capture_output=True, text=True, timeout=60)
+    return set(out.stdout.split()) & set(nodes) if out.returncode == 0 else set()
 
 
 class MissingClusterBlock(ValueError):

@@ -31,7 +31,8 @@ from tasks.artifacts import retryable
 from tasks.precompile import native_compile_rows
 from tasks.tokenize import eod_id
 from tasks.slurm import (JobRequest, SlurmJobFailed, cluster_for, ends_cancelled, executor_kind, expand_nodes,
-                         job_folder, job_running, query_slurm_state, run_job, stage_request)
+                         job_folder, job_running, query_slurm_state, run_job, stage_request, unhealthy_nodes,
+                         wait_gone)
 from tasks.train_artifacts import publish_loss_curve, publish_progress
 from trainer.launch import native
 
@@ -63,8 +64,10 @@ def write_config(path: Path, config: dict[str, Any]) -> None:
 
 
 def excluded_after(failure: SlurmJobFailed) -> set[str]:
-    """Nodes to leave out of the next submission: those of a job that died of a node failure."""
-    return set(expand_nodes(failure.nodes)) if failure.state in NODE_STATES else set()
+    """Nodes to leave out of the next submission: after a node failure, the job's nodes that
+    Slurm now holds unhealthy. The others did nothing wrong, and leaving all of a many-node
+    job's nodes out could leave too few to schedule the retry on."""
+    return unhealthy_nodes(expand_nodes(failure.nodes)) if failure.state in NODE_STATES else set()
 
 
 class MetricsFollower:
@@ -174,10 +177,19 @@ def run_attempts(spec: PretrainSpec, cluster: SlurmCluster, follower: MetricsFol
                     on_poll=lambda: follower.poll(started=job_running(submitted[0])))
             outcome = COMPLETED
         except SlurmJobFailed as failure:
-            attempts.excluded |= excluded_after(failure)
+            if failure.state in NODE_STATES:
+                bad = excluded_after(failure)
+                logger.warning("job %s lost a node (nodes %s); left out of the next attempt: %s", failure.job_id,
+                               failure.nodes, ", ".join(sorted(bad)) or "none (Slurm holds none of them down now)")
+                attempts.excluded |= bad
             outcome = f"{failure.state}: {str(failure).splitlines()[0]}"
         except RunHung as hung:
             outcome = f"hung: {hung}"
+            # run_job cancelled the job; its ranks may still be saving (SIGTERM) into the run directory
+            lead = spec.backend.native.stop_signal_delay_s + 60
+            if submitted and not wait_gone(submitted[0], timeout_s=lead):
+                logger.warning("job %s is still listed %d s after its cancel; resubmitting anyway",
+                               submitted[0].job_id, lead)
         follower.read()
         job_id = submitted[0].job_id if submitted else None
         sacct = query_slurm_state(job_id) if job_id and executor_kind(cluster) == "slurm" else None

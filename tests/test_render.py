@@ -124,6 +124,21 @@ def test_render_native_writes_the_trainer_config_the_node_program_accepts(tmp_pa
     assert json.loads((out / "train.json").read_text())["checkpoint"]["dir"].endswith("/checkpoints")
 
 
+def test_torchrun_waits_the_whole_stop_signal_lead_before_killing_the_ranks(monkeypatch):
+    """torchrun forwards Slurm's stop signal and kills its ranks after a shutdown timeout (30 s by
+    default): the checkpoint the signal asks for gets the whole lead Slurm was asked for."""
+    from torch.distributed.run import config_from_args, get_args_parser
+
+    from pretrain.presets import load_spec
+    from trainer.launch import native
+
+    spec = load_spec("tiny-local", ["backend.native.stop_signal_delay_s=300"])
+    for name, value in native.environment(spec).items():
+        monkeypatch.setenv(name, value)
+    args = get_args_parser().parse_args(["--nproc_per_node", "2", "-m", "trainer", "train"])
+    assert config_from_args(args)[0].shutdown_timeout == 300
+
+
 def test_the_warm_up_config_compiles_evaluation_and_writes_no_checkpoint(tmp_path):
     """precompile's short run: evaluation once (its graphs get compiled too), no checkpoint and no
     export (nothing resumes from it), a config the node program accepts."""

@@ -323,6 +323,12 @@ def occupy_node(job_name: str, seconds: float) -> str:
     return job_id
 
 
+def submitted_at(job_id: str) -> float:
+    out = subprocess.run(["sacct", "-X", "-n", "-P", "-j", job_id, "-o", "Submit"],
+                         capture_output=True, text=True, check=True).stdout
+    return time.mktime(time.strptime(out.split()[-1], "%Y-%m-%dT%H:%M:%S"))
+
+
 def seconds_in_queue(job_id: str) -> float:
     out = subprocess.run(["sacct", "-X", "-n", "-P", "-j", job_id, "-o", "Submit,Start"],
                          capture_output=True, text=True, check=True).stdout
@@ -356,6 +362,10 @@ def test_hung_run_is_cancelled_and_resubmitted_but_a_queued_job_is_not_hung(corp
     # and exited within KillWait; the next job resumed there.
     (stopped,) = events(records, "stopped")
     assert stopped["signal"] == "SIGTERM" and result["resumed_from"] == stopped["step"] >= fault.at_step
+    # The next job was submitted only once the cancelled ranks had saved and gone: with free
+    # nodes it would otherwise start beside them in the same run directory.
+    second = result["attempts"][1]["job"]
+    assert submitted_at(second) >= int(stopped["time"]), (submitted_at(second), stopped["time"])
 
 
 def test_a_diverged_run_fails_at_once_with_the_trainers_reason(corpus, tmp_path, clean_queue):
@@ -407,13 +417,23 @@ def test_event_lines_after_the_last_step_are_signs_of_life(local_stack, tmp_path
     assert follow().startswith("no new metrics for 1.0 min (last step 2)")
 
 
-def test_only_a_node_failure_excludes_the_node_from_the_next_attempt(local_stack):
+def test_only_the_node_slurm_holds_failed_is_excluded_from_the_next_attempt(local_stack):
+    """After NODE_FAIL the job's node list names every node it ran on; the one to leave out is
+    the one Slurm now holds down or drained (here: this cluster's node, drained for the test)."""
     from tasks.slurm import SlurmJobFailed
     from tasks.train import excluded_after
 
-    def failure(state: str) -> SlurmJobFailed:
-        return SlurmJobFailed("42", "tiny-local-train", state, "", [], exit_code="0:0", nodes="trn1-[3-4]")
+    (node,) = set(subprocess.run(["sinfo", "-h", "-N", "-o", "%N"], capture_output=True, text=True,
+                                 check=True).stdout.split())  # listed once per partition
 
-    assert excluded_after(failure("NODE_FAIL")) == {"trn1-3", "trn1-4"}
-    # A crash, a cancel or a time limit says nothing against the nodes: they stay in.
-    assert excluded_after(failure("FAILED")) == set() == excluded_after(failure("TIMEOUT"))
+    def failure(state: str) -> SlurmJobFailed:
+        return SlurmJobFailed("42", "tiny-local-train", state, "", [], exit_code="0:0", nodes=node)
+
+    assert excluded_after(failure("NODE_FAIL")) == set()  # the node is healthy again: nothing to leave out
+    subprocess.run(["scontrol", "update", f"nodename={node}", "state=drain", "reason=test: failed node"], check=True)
+    try:
+        assert excluded_after(failure("NODE_FAIL")) == {node}
+        # A crash, a cancel or a time limit says nothing against the nodes: they stay in.
+        assert excluded_after(failure("FAILED")) == set() == excluded_after(failure("TIMEOUT"))
+    finally:
+        subprocess.run(["scontrol", "update", f"nodename={node}", "state=resume"], check=True)

@@ -69,10 +69,14 @@ def train_config(spec: PretrainSpec, *, dataset: str, run_dir: str, eod_id: int,
 
 
 def environment(spec: PretrainSpec) -> dict[str, str]:
-    """Every rank compiles into, and reads from, the shared compile cache."""
+    """Every rank compiles into, and reads from, the shared compile cache. torchrun gives its
+    ranks 30 s after forwarding a stop signal before it kills them; they get the whole time Slurm
+    was asked to signal ahead of the limit, or the checkpoint that signal asks for is cut off."""
     cache = compile_cache_dir(spec)
     return {"TORCHINDUCTOR_CACHE_DIR": f"{cache}/inductor", "NEURON_COMPILE_CACHE_URL": f"{cache}/neuron",
-            "TORCHINDUCTOR_FX_GRAPH_CACHE": "1", "TORCHINDUCTOR_AUTOGRAD_CACHE": "1"}
+            "TORCHINDUCTOR_FX_GRAPH_CACHE": "1", "TORCHINDUCTOR_AUTOGRAD_CACHE": "1",
+            # read by torchrun's launcher on every version that has the timeout, ignored before
+            "TORCH_ELASTIC_SHUTDOWN_TIMEOUT": str(max(30, spec.backend.native.stop_signal_delay_s))}
 
 
 def torchrun_command(spec: PretrainSpec, config_path: str, record_path: str, python: str = "python") -> list[str]:
