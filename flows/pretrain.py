@@ -126,14 +126,15 @@ def pretrain(preset: str = "tiny-local", overrides: list[str] | None = None, sta
         return Cancelled(message=str(cancelled))  # a flow without a worker ends Cancelled too
     except Exception as exc:
         if "train" in (stages or STAGES):  # a run meant to train: say how far it got and why not
-            publish_run_summary(spec.name, _summary(spec, stage, f"failed: {exc}"))
+            publish_run_summary(spec.name, _summary(spec, stage, f"failed: {exc}", getattr(exc, "metrics", None)))
         raise
     if "train" in outputs:
         publish_run_summary(spec.name, _summary(spec, stage, "completed"))
     return outputs
 
 
-def _summary(spec: PretrainSpec, stage: StageTimer, outcome: str) -> RunSummary:
+def _summary(spec: PretrainSpec, stage: StageTimer, outcome: str, failed_metrics: dict | None = None) -> RunSummary:
+    """``failed_metrics``: what a train stage that failed measured before it did."""
     train_result, precompiled = stage.outputs.get("train"), stage.outputs.get("precompile") or {}
     compiled = [{"stage": "precompile", **row} for row in precompiled.get("rows", [])]
     compiled += [{"stage": "train", **row} for row in (train_result or {}).get("compiled_during_training", [])]
@@ -141,4 +142,5 @@ def _summary(spec: PretrainSpec, stage: StageTimer, outcome: str) -> RunSummary:
             for job in jobs_of_this_flow_run()]
     return RunSummary(spec=spec.model_dump(mode="json"), outcome=outcome, code_version=manifest.code_version(),
                       packages=package_versions(), slurm_jobs=jobs, stage_seconds=stage.seconds,
-                      compile_graphs=compiled, **(train_result["metrics"] if train_result else metrics_summary([])))
+                      compile_graphs=compiled,
+                      **(train_result["metrics"] if train_result else failed_metrics or metrics_summary([])))

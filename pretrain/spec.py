@@ -363,6 +363,15 @@ class PretrainSpec(Strict):
             raise ValueError(f"parallel.tp={p.tp} does not divide model.num_attention_heads="
                              f"{m.num_attention_heads}: choose tp in {divisors}")
         self._check_kv_heads()
+        if self.backend.kind == "native":
+            # FSDP2 over the data-parallel ranks and DTensor tp are the native trainer's parallelism;
+            # the rest is NxDT's and Megatron-LM's, and a native run would silently ignore it.
+            if unsupported := [f"parallel.{name}={value}" for name, value, default in (
+                    ("pp", p.pp, 1), ("cp", p.cp, 1), ("sequence_parallel", p.sequence_parallel, False),
+                    ("kv_replicator", p.kv_replicator, 1), ("pipeline_cuts", p.pipeline_cuts, []))
+                    if value != default]:
+                raise ValueError(f"{', '.join(unsupported)}: backend.kind=native trains with data parallel "
+                                 "(FSDP2) and parallel.tp only; reset them, or use backend.kind=neuron or megatron-lm")
         if self.world_size % self.model_parallel_size:
             raise ValueError(
                 f"world size cluster.nodes x cluster.devices_per_node = {self.cluster.nodes} x "

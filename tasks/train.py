@@ -45,6 +45,7 @@ class TrainingFailed(RuntimeError):
     # The task's own loop has already spent backend.native.max_restarts on resubmissions; a
     # Prefect retry would spend the budget a second time.
     retryable = False
+    metrics: dict[str, Any] | None = None
 
 
 class RunHung(RuntimeError):
@@ -216,7 +217,9 @@ def finish_run(spec: PretrainSpec, follower: MetricsFollower, attempts: Attempts
     if points:
         publish_loss_curve(spec.name, points)
     if not finished:
-        raise attempts.failure()
+        failure = attempts.failure()
+        failure.metrics = metrics_summary(points)  # what the run measured before it failed, for its summary
+        raise failure
     return {**result, "attempts": attempts.history, "excluded_nodes": sorted(attempts.excluded),
             "metrics": metrics_summary(points), "skipped_log_lines": follower.stream.skipped,
             "compiled_during_training": compiled}

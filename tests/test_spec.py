@@ -65,6 +65,14 @@ def test_global_batch_not_divisible_by_micro_batch_times_dp():
     assert "training.global_batch_size=289" in message and "micro_batch_size x dp" in message
 
 
+def test_the_native_trainer_refuses_parallelism_it_does_not_have():
+    # It would train with dp and tp alone, and check batch sizes against the wrong dp.
+    message = rejected("tiny-local", "parallel.pp=2", "model.num_layers=4", "parallel.sequence_parallel=true")
+    assert "parallel.pp=2, parallel.sequence_parallel=True: backend.kind=native trains with data parallel" in message
+    assert "parallel.cp=2" in rejected("tiny-local", "parallel.cp=2")
+    assert load_spec("tiny-local", ["parallel.tp=2"]).parallel.tp == 2
+
+
 def test_kv_replication_constraints():
     assert "parallel.kv_replicator=3 must divide parallel.tp=32" in rejected(
         "llama3-70b", "parallel.kv_replicator=3")

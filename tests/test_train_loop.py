@@ -757,6 +757,36 @@ def test_full_disk_during_a_checkpoint_keeps_the_previous_one(corpus, baseline, 
         subprocess.run(["umount", str(mount)], check=True)
 
 
+SEAL = """
+import sys, torch, torch.distributed as dist, torch.distributed.checkpoint as dcp
+from pathlib import Path
+from trainer.train.checkpoint import MARKER, Checkpointer, CheckpointError, step_dir
+from trainer.train.config import CheckpointConfig
+
+dist.init_process_group("gloo", init_method=f"file://{sys.argv[2]}", rank=0, world_size=1)
+root = Path(sys.argv[1])
+checkpointer = Checkpointer(CheckpointConfig(dir=str(root), async_save=False), rank=0)
+checkpointer.save({"w": torch.ones(4)}, step=1)
+dcp.save({"w": torch.ones(4)}, checkpoint_id=str(step_dir(root, 2)))
+(step_dir(root, 2) / f".{MARKER}.tmp").mkdir()  # the marker cannot be written: a real OSError
+try:
+    checkpointer._finish(2)
+except CheckpointError as exc:
+    print("refused:", exc)
+"""
+
+
+def test_a_marker_that_cannot_be_written_fails_the_checkpoint_with_the_reason(tmp_path):
+    """The marker is the last write of a checkpoint (a disk that fills up there, say): the save
+    fails with the reason on every rank, the checkpoint stays incomplete, the previous one counts."""
+    out = subprocess.run([sys.executable, "-c", SEAL, str(tmp_path / "ckpt"), str(tmp_path / "rdzv")],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert (f"refused: writing checkpoint step 2 to {step_dir(tmp_path / 'ckpt', 2)} failed: [Errno 21] Is a "
+            "directory" in out.stdout) and "the previous checkpoint step 1 is intact" in out.stdout, out.stdout
+    assert complete_steps(tmp_path / "ckpt") == [1]
+
+
 def test_learning_rate_schedule_warms_up_then_decays_to_min_lr():
     """Megatron's schedule: linear warm-up to lr, then cosine or linear decay to min_lr at the last step."""
     import math

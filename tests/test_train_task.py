@@ -381,6 +381,9 @@ def test_a_diverged_run_fails_at_once_with_the_trainers_reason(corpus, tmp_path,
     message = str(state.message)
     assert "the trainer stopped: loss or gradient norm was not finite for 2 steps in a row" in message, message
     assert "not resubmitted" in message and message.count("FAILED: ") == 1, message
+    # What it measured before it failed travels with the failure, for the flow's run summary.
+    measured = state.result(raise_on_failure=False).metrics
+    assert measured["final_step"] >= 1 and measured["tokens_per_s"] > 0, measured
     (run_dir,) = (tmp_path / "train").glob("train-*")
     assert_nothing_left(f"{name}-train", run_dir / "train.json")
 

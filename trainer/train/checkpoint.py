@@ -214,14 +214,20 @@ class Checkpointer:
             mine, failed = {}, f"sealing checkpoint {path} failed: {exc}"
         shares = _gathered((mine, failed), self.group)
         _raise_first(shares)
-        if self.rank != 0:
-            return
-        files = {name: entry for share, _ in shares for name, entry in share.items()}
-        tmp = path / f".{MARKER}.tmp"
-        tmp.write_text(json.dumps({"step": step, "files": files}))
-        os.replace(tmp, path / MARKER)
-        for old in complete_steps(self.root)[:-self.cfg.keep]:
-            shutil.rmtree(step_dir(self.root, old), ignore_errors=True)
+        failed = None
+        if self.rank == 0:
+            files = {name: entry for share, _ in shares for name, entry in share.items()}
+            tmp = path / f".{MARKER}.tmp"
+            try:
+                tmp.write_text(json.dumps({"step": step, "files": files}))
+                os.replace(tmp, path / MARKER)
+            except OSError as exc:  # the disk filled up just now: the marker is the last byte written
+                failed = str(self._failed(step, exc))
+        # Every rank learns whether the checkpoint is complete and fails the same way if not.
+        _raise_first(_gathered((None, failed), self.group))
+        if self.rank == 0:
+            for old in complete_steps(self.root)[:-self.cfg.keep]:
+                shutil.rmtree(step_dir(self.root, old), ignore_errors=True)
 
     def close(self) -> None:
         try:
