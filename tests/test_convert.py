@@ -9,6 +9,7 @@ import json
 import math
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -117,6 +118,33 @@ def test_round_trip_is_the_identity(hf_model, tmp_path, backend, fuse, dtype):
     for key, tensor in original.items():
         assert back[key].dtype == tensor.dtype and torch.equal(back[key], tensor), key
     assert LlamaForCausalLM.from_pretrained(tmp_path / "back").config.num_key_value_heads == 2
+
+
+def test_xser_layout_holds_the_same_tensors_and_converts_back(hf_model, tmp_path):
+    """--xser writes torch_xla's layout (the runbooks' --save_xser; NxD training saves the same):
+    a ref file naming torch_xla's TensorReference, one torch.save'd tensor per file; the way back
+    reads it (a trained checkpoint comes in it) and names a tensor file that is missing."""
+    model, src = hf_model
+    plain = shards(to_nxdt(src, tmp_path / "plain", "trn2", "--fuse-qkv"))
+    model_dir = to_nxdt(src, tmp_path / "xser", "trn2", "--fuse-qkv", "--xser", "--verify")
+    shard = model_dir / "dp_rank_00_tp_rank_02_pp_rank_01.pt"
+    with zipfile.ZipFile(shard) as z:
+        pickled = z.read(next(n for n in z.namelist() if n.endswith("data.pkl")))
+    assert b"ctorch_xla.utils.serialization\nTensorReference\n" in pickled  # what NxD's xser.load resolves
+    files = sorted(Path(f"{shard}.tensors").iterdir(), key=lambda f: int(f.stem.split("_")[1]))
+    tensors = [torch.load(f, weights_only=True) for f in files]
+    assert len(tensors) == len(plain[(2, 1)])
+    assert all(torch.equal(a, b) for a, b in zip(tensors, plain[(2, 1)].values()))
+    flags = ["--tp", str(TP), "--pp", str(PP), "--kv-multiplier", str(MULT), "--hw-backend", "trn2", "--fuse-qkv"]
+    convert("nxdt-to-hf", "--input", str(tmp_path / "xser"), "--config", str(src / "config.json"), "--output",
+            str(tmp_path / "back"), *flags, "--verify")
+    back = LlamaForCausalLM.from_pretrained(tmp_path / "back").state_dict()
+    assert all(torch.equal(back[k], v) for k, v in model.state_dict().items())
+    files[3].unlink()
+    out = convert("nxdt-to-hf", "--input", str(tmp_path / "xser"), "--config", str(src / "config.json"),
+                  "--output", str(tmp_path / "back2"), *flags, check=False)
+    assert out.returncode == 2 and f"{files[3]}: tensor 3 (" in out.stderr and "is missing" in out.stderr
+    assert not (tmp_path / "back2").exists()
 
 
 @pytest.mark.parametrize("kernel_copy", [True, False])

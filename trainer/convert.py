@@ -2,7 +2,7 @@
 layout and back.
 
     python -m trainer convert hf-to-nxdt --input HF_DIR --output OUT --tp 32 --pp 8 \\
-        --kv-multiplier 4 --hw-backend trn1 [--fuse-qkv] [--pipeline-cuts model.layers.18 ...] [--verify]
+        --kv-multiplier 4 --hw-backend trn1 [--fuse-qkv] [--pipeline-cuts model.layers.18 ...] [--xser] [--verify]
     python -m trainer convert nxdt-to-hf --input OUT --config HF_DIR/config.json --output HF_OUT \\
         --tp 32 --pp 8 --kv-multiplier 4 --hw-backend trn1 [--fuse-qkv] [--verify]
 
@@ -35,6 +35,7 @@ import torch.utils.serialization.config as serialization_config
 from safetensors import safe_open
 from safetensors.torch import save_file
 
+from trainer import xser as xser_format
 from trainer.nxdt_layout import LayoutError, NxdtLayout
 from trainer.records import emit
 
@@ -289,18 +290,22 @@ class RowRanges:
         self.rows, self.cols, self.full = ckpt.row_range, ckpt.cols, ckpt.full
 
 
-def write_shard(state: dict[str, torch.Tensor | Rows], path: Path) -> None:
-    """What ``torch.save(state, path)`` writes, the bytes of Rows copied in by the kernel.
+def write_shard(state: dict[str, torch.Tensor | Rows] | torch.Tensor | Rows, path: Path) -> None:
+    """What ``torch.save(state, path)`` writes, the bytes of Rows copied in by the kernel;
+    ``state`` a dict of tensors, or one tensor (an xser tensor file).
 
     torch.save lays out the file with room for every tensor and no data (``skip_data``); the
     storages' offsets are then read back (a load onto the meta device) and each tensor's bytes
     written there. No CRC32 of the zip records: torch.load never checks them (PyTorch builds its
     zip reader without CRC checks), --verify compares every tensor instead, and computing it
     would mean reading every byte into this process."""
-    skeleton = {key: torch.empty(value.shape, dtype=value.dtype) for key, value in state.items()}
+    single = not isinstance(state, dict)
+    items = {"": state} if single else state
+    skeleton = {key: torch.empty(value.shape, dtype=value.dtype) for key, value in items.items()}
     with serialization_config.patch(**{"save.compute_crc32": False}), torch.serialization.skip_data():
-        torch.save(skeleton, path)
+        torch.save(skeleton[""] if single else skeleton, path)
     laid_out = torch.load(path, map_location="meta", weights_only=True)
+    laid_out, state = ({"": laid_out}, items) if single else (laid_out, state)
     fd = os.open(path, os.O_WRONLY)
     try:
         for key, value in state.items():
@@ -316,7 +321,9 @@ def write_shard(state: dict[str, torch.Tensor | Rows], path: Path) -> None:
         os.close(fd)
 
 
-def hf_to_nxdt(ckpt: HFCheckpoint, layout: NxdtLayout, staging: Path) -> dict:
+def hf_to_nxdt(ckpt: HFCheckpoint, layout: NxdtLayout, staging: Path, xser: bool = False) -> dict:
+    """``xser``: each shard as torch_xla's xser layout (the runbooks' ``--save_xser``): a ref
+    file and one file per tensor in ``<shard>.tensors/``."""
     model_dir = staging / "model"
     model_dir.mkdir(parents=True)
     shards, params, total = 0, 0, 0
@@ -324,23 +331,35 @@ def hf_to_nxdt(ckpt: HFCheckpoint, layout: NxdtLayout, staging: Path) -> dict:
         for tp_rank in range(layout.tp):
             state = dict(shard_items(RowRanges(ckpt), layout, tp_rank, pp_rank))
             path = model_dir / shard_name(tp_rank, pp_rank)
-            write_shard(state, Path(f"{path}.tmp"))
-            os.replace(f"{path}.tmp", path)
+            if xser:
+                xser_format.tensors_dir(path).mkdir()
+                for tid, value in enumerate(state.values()):
+                    write_shard(value, xser_format.tensor_file(path, tid))
+                xser_format.save_refs(list(state), path)
+                total += sum(f.stat().st_size for f in xser_format.tensors_dir(path).iterdir())
+            else:
+                write_shard(state, Path(f"{path}.tmp"))
+                os.replace(f"{path}.tmp", path)
             shards += 1
             params += sum(t.numel() for t in state.values())
             total += path.stat().st_size
             del state
-    return {"shards": shards, "parameters_stored": params, "bytes": total}
+    return {"shards": shards, "parameters_stored": params, "bytes": total, "layout": "xser" if xser else "pt"}
 
 
 # ---------------------------------------------------------------- NxDT -> HF
 
 
 def load_shard(path: Path, mmap: bool = False) -> dict[str, torch.Tensor]:
-    """``mmap``: tensors stay in the file's pages until read (verify compares one at a time)."""
+    """A shard in either layout (xser when a ``.tensors`` directory lies beside it, as NxD
+    decides). ``mmap``: tensors stay in the file's pages until read (verify compares one at a time)."""
     try:
+        if xser_format.is_xser(path):
+            return xser_format.load(path, mmap=mmap)
         return torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
-    except FileNotFoundError:
+    except FileNotFoundError as exc:
+        if path.exists():  # an xser tensor file: the message names it
+            raise ConvertError(str(exc)) from None
         raise ConvertError(f"{path}: shard missing; check --tp/--pp against the checkpoint") from None
     except Exception as exc:  # truncated or not a torch file: name it rather than dump a traceback
         raise ConvertError(f"{path}: cannot read the shard ({type(exc).__name__}: {exc}); it is truncated "
@@ -496,6 +515,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--kv-multiplier", type=int, default=1, help="NxD kv_replicator")
     p.add_argument("--hw-backend", choices=["trn1", "trn2"], required=True)
     p.add_argument("--fuse-qkv", action="store_true", help="qkv_proj.weight_qkv instead of weight_q/k/v")
+    p.add_argument("--xser", action="store_true", help="hf-to-nxdt: write torch_xla's xser layout (the runbooks' "
+                   "--save_xser); nxdt-to-hf reads either layout, as NxD does")
     p.add_argument("--pipeline-cuts", nargs="*", help="the YAML's pipeline_cuts, e.g. model.layers.18")
     p.add_argument("--verify", action="store_true", help="read the output back and compare it with the input")
     p.add_argument("--expect", nargs="+", type=_expectation, default=[], metavar="FIELD=VALUE",
@@ -520,7 +541,7 @@ def main(argv: list[str]) -> int:
             check_expected(ckpt.config, ckpt.directory / "config.json", args.expect)
             layout = layout_from(ckpt.config, args)
             check_shapes(ckpt, layout)
-            record = hf_to_nxdt(ckpt, layout, staging)
+            record = hf_to_nxdt(ckpt, layout, staging, xser=args.xser)
             if args.verify:
                 record.update(verify(ckpt, staging / "model", layout))
         else:

@@ -1,0 +1,85 @@
+"""torch_xla's xser layout, which NxD Training saves checkpoints in (``save_xser: True``) and the
+runbooks' converter writes with ``--save_xser`` (reference/nxdt.md §1.3-1.4):
+
+    dp_rank_00_tp_rank_00_pp_rank_00.pt                  the state with each tensor replaced by a
+                                                         torch_xla.utils.serialization.TensorReference(tid)
+    dp_rank_00_tp_rank_00_pp_rank_00.pt.tensors/tensor_<tid>.pt   each tensor, torch.save'd alone
+
+Neither reading nor writing needs torch_xla: the reference is a class with one slot, ``tid``,
+and the pickle names it by its module path, which is all a loader on Trainium resolves.
+"""
+
+from __future__ import annotations
+
+import pickle
+import types
+from pathlib import Path
+
+import torch
+
+CLASS_PATH = "torch_xla.utils.serialization.TensorReference"
+
+
+class TensorReference:
+    """Stands for torch_xla's class of the same name in the pickles of this module (same slot,
+    same pickled state), so that a ref file reads and writes without torch_xla installed."""
+
+    __slots__ = ("tid",)
+
+    def __init__(self, tid: int):
+        self.tid = tid
+
+    def __setstate__(self, state) -> None:
+        # A class with __slots__ pickles its state as (None, {"tid": ...}).
+        self.tid = (state[1] if isinstance(state, tuple) else state)["tid"]
+
+
+class _Pickler(pickle._Pickler):  # the pure-Python pickler: its save_global can be overridden
+    def save_global(self, obj, name=None):
+        if obj is TensorReference:
+            module, _, qualname = CLASS_PATH.rpartition(".")
+            self.write(pickle.GLOBAL + f"{module}\n{qualname}\n".encode())
+            self.memoize(obj)
+            return
+        super().save_global(obj, name)
+
+
+_PICKLE_MODULE = types.ModuleType("xser_pickle")
+_PICKLE_MODULE.Pickler = _Pickler
+
+
+def tensors_dir(path: Path) -> Path:
+    return Path(f"{path}.tensors")
+
+
+def tensor_file(path: Path, tid: int) -> Path:
+    return tensors_dir(path) / f"tensor_{tid}.pt"
+
+
+def is_xser(path: Path) -> bool:
+    """As NxD decides it: a ``.tensors`` directory beside the file."""
+    return tensors_dir(path).is_dir()
+
+
+def save_refs(keys: list[str], path: Path) -> None:
+    """The ref file of a flat state whose tensor ``i`` (in ``keys`` order) is ``tensor_<i>.pt``."""
+    torch.save({key: TensorReference(tid) for tid, key in enumerate(keys)}, path, pickle_module=_PICKLE_MODULE)
+
+
+def load(path: Path, mmap: bool = False) -> dict[str, torch.Tensor]:
+    """A flat xser state: the ref file, each reference replaced by its tensor file. Raises
+    FileNotFoundError naming a missing tensor file, ValueError for a ref file of another shape."""
+    with torch.serialization.safe_globals([(TensorReference, CLASS_PATH)]):
+        refs = torch.load(path, map_location="cpu", weights_only=True)
+    if not isinstance(refs, dict):
+        raise ValueError(f"holds a {type(refs).__name__}, not a state dict")
+    state = {}
+    for key, ref in refs.items():
+        if not isinstance(ref, TensorReference):
+            state[key] = ref  # a tensor xser left in the ref file (a CPU tensor, as the converter's)
+            continue
+        file = tensor_file(path, ref.tid)
+        if not file.exists():
+            raise FileNotFoundError(f"{file}: tensor {ref.tid} ({key}) of the xser checkpoint is missing")
+        state[key] = torch.load(file, map_location="cpu", weights_only=True, mmap=mmap)
+    return state
