@@ -89,6 +89,9 @@ class BenchmarkRecord:
     # Accepted as the start of a new baseline (after an intended change): later runs compare
     # with it and the runs after it only.
     starts_baseline: bool = False
+    # Stages that handed on an earlier run's output (fetch, tokenize): their seconds measure a
+    # cache lookup, so they are not recorded, and a baseline's fresh time is not theirs to meet.
+    reused_stages: list[str] = field(default_factory=list)
 
     def values(self) -> dict[str, float]:
         """Every finite number this run can be compared on."""
@@ -97,8 +100,9 @@ class BenchmarkRecord:
 
 
 def record_from_run(spec: dict[str, Any], flow_run_id: str, train: dict[str, Any], stage_seconds: dict[str, float],
-                    precompile: dict[str, Any] | None) -> BenchmarkRecord:
-    """One benchmark run's record from the pipeline's outputs."""
+                    precompile: dict[str, Any] | None, reused: list[str] = ()) -> BenchmarkRecord:
+    """One benchmark run's record from the pipeline's outputs; ``reused``: the stages that handed
+    on an earlier run's output."""
     summary = train["metrics"]
     metrics: dict[str, float | None] = {name: summary.get(name) for name in
                                          ("tokens_per_s", "step_time_ms", "mfu_pct", "final_loss")}
@@ -107,10 +111,12 @@ def record_from_run(spec: dict[str, Any], flow_run_id: str, train: dict[str, Any
         compiled = [row["compiled"] for row in train["compiled_during_training"]]
         # None: a compiler whose cache torch does not count (Neuron's); no number to compare.
         metrics["graphs_compiled_in_training"] = None if None in compiled else sum(compiled)
-    metrics.update({f"{STAGE_PREFIX}{stage}": seconds for stage, seconds in stage_seconds.items()})
+    metrics.update({f"{STAGE_PREFIX}{stage}": seconds for stage, seconds in stage_seconds.items()
+                    if stage not in reused})
     return BenchmarkRecord(spec_name=spec["name"], fingerprint=config_fingerprint(spec), flow_run_id=flow_run_id,
                            started=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                           code_version=manifest.code_version(), metrics=metrics, graphs=graphs)
+                           code_version=manifest.code_version(), metrics=metrics, graphs=graphs,
+                           reused_stages=sorted(reused))
 
 
 @dataclass(frozen=True)
@@ -163,9 +169,10 @@ def compare(record: BenchmarkRecord, base: dict[str, float],
     """Every metric of ``record`` or of ``base`` that has a rule, against ``base``; a metric of the
     baseline that this run lacks compares as missing (a stage or a counter that vanished)."""
     values = record.values()
+    reused = {f"{STAGE_PREFIX}{stage}" for stage in record.reused_stages}
     return [Comparison(name, values.get(name), base.get(name), rule_for(name, thresholds))
             for name in dict.fromkeys([*values, *base])
-            if name in RULES or name.startswith(STAGE_PREFIX)]
+            if (name in RULES or name.startswith(STAGE_PREFIX)) and name not in reused]
 
 
 class History:
@@ -234,7 +241,10 @@ def trend_chart(records: list[BenchmarkRecord], metric: str = "tokens_per_s", la
         return ""
     values = np.array([v for _, v in runs])
     bottom, top, decimals = axis_range(values)
-    labels = ", ".join(f'"{mermaid_text(r.started[5:16].replace("T", " "))}"' for r, _ in runs)
+    # Minutes tell nightly runs apart; runs started within one minute (by hand) get their seconds.
+    minutes = [r.started[5:16] for r, _ in runs]
+    labels = ", ".join(f'"{mermaid_text((r.started[5:19] if minutes.count(m) > 1 else m).replace("T", " "))}"'
+                       for (r, _), m in zip(runs, minutes))
     unit = RULES[metric].unit if metric in RULES else ""
     return "\n".join([
         "xychart-beta",

@@ -106,6 +106,15 @@ def write_manifest(directory: Path, stage: str, key: str, **fields: Any) -> dict
     return manifest
 
 
+def created_before(directory: Path, moment: str) -> bool:
+    """Whether ``directory``'s output was complete before ``moment`` (UTC, as manifests write it):
+    a stage that returns it now handed on an earlier run's output."""
+    try:
+        return json.loads((directory / MANIFEST).read_text())["created"] < moment
+    except (OSError, ValueError, KeyError):
+        return False
+
+
 def load_valid(directory: Path, key: str, deep: bool = False) -> dict[str, Any] | None:
     """The manifest of ``directory`` if it is complete for ``key``, else None.
 

@@ -567,7 +567,10 @@ def expand_nodes(nodes: str) -> list[str]:
     """``node[1-3],gpu7`` as host names (``scontrol show hostnames``); empty for none."""
     if not nodes or nodes in ("None assigned", "(null)"):
         return []
-    out = subprocess.run(["scontrol", "show", "hostnames", nodes], capture_output=True, text=True, timeout=60)
+    try:
+        out = subprocess.run(["scontrol", "show", "hostnames", nodes], capture_output=True, text=True, timeout=60)
+    except FileNotFoundError:  # no Slurm on this machine (the local executor): a plain host name
+        return [nodes]
     return out.stdout.split() if out.returncode == 0 else [nodes]
 
 

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+import time
 import uuid
 
 import pytest
 from prefect_aws import AwsClientParameters, AwsCredentials
 
 from blocks.storage import StorageLocation
+from pretrain import manifest
 from pretrain.benchmark import (BenchmarkRecord, History, baseline, check_thresholds, compare, comparison_rows,
                                 config_fingerprint, record_from_run, trend_chart)
 
@@ -85,6 +87,28 @@ def test_a_metric_the_baseline_has_and_this_run_lacks_regresses():
     assert "unruled" not in {c.metric for c in compare(a_record(1000, 100), {**base, "unruled": 1.0})}
 
 
+def test_a_stage_that_handed_on_an_earlier_output_is_not_timed_nor_missed(tmp_path):
+    """A tokenize that found its dataset complete took a second; a fresh one (new code, new data)
+    takes minutes. Neither is compared with the other kind."""
+    train = {"metrics": {"tokens_per_s": 1000.0, "step_time_ms": 100.0, "mfu_pct": None, "final_loss": 3.5},
+             "compiled_during_training": []}
+    record = record_from_run({"name": "tiny-local", "paths": {}}, "run-2", train,
+                             {"fetch": 0.4, "tokenize": 0.6, "train": 90.0}, None, reused=["fetch", "tokenize"])
+    assert record.reused_stages == ["fetch", "tokenize"]
+    assert "stage_s:tokenize" not in record.metrics and record.metrics["stage_s:train"] == 90.0
+    base = {"tokens_per_s": 1000.0, "stage_s:tokenize": 300.0, "stage_s:train": 90.0}
+    compared = {c.metric: c for c in compare(record, base)}
+    assert "stage_s:tokenize" not in compared and not any(c.regressed for c in compared.values())
+    # the flow's test of "earlier": the output's manifest was complete before the run started
+    out = tmp_path / "tokenize-out"
+    out.mkdir()
+    before = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() - 5))
+    manifest.write_manifest(out, "tokenize", "k")
+    after = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() + 5))
+    assert manifest.created_before(out, after) and not manifest.created_before(out, before)
+    assert not manifest.created_before(tmp_path / "nothing-here", after)
+
+
 def test_comparison_rows_put_regressions_first_and_say_why():
     base = {"tokens_per_s": 1000.0, "step_time_ms": 100.0, "final_loss": 3.5}
     rows = comparison_rows(compare(a_record(500, 100, loss=3.5, graphs_compiled_in_training=0, unruled=1.0), base))
@@ -159,6 +183,10 @@ def test_trend_chart_draws_one_value_per_run():
     line = next(s for s in chart.splitlines() if s.strip().startswith("line"))
     assert [float(v) for v in line.strip()[len("line ["):-1].split(",")] == [100, 101, 102, 103]
     assert trend_chart(runs, "mfu_pct") == ""
+    # two runs started in the same minute keep apart on the axis
+    runs.append(a_record(104, 50, passed=True, started="2026-11-04T02:00:41Z"))
+    assert 'x-axis ["11-01 02:00", "11-02 02:00", "11-03 02:00", "11-04 02:00:00", "11-04 02:00:41"]' in trend_chart(
+        runs, "tokens_per_s")
 
 
 def test_a_history_block_that_does_not_exist_fails_before_any_stage_runs(local_stack, tmp_path):

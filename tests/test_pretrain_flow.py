@@ -4,15 +4,18 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import torch
 from megatron.core.datasets.indexed_dataset import IndexedDataset
 
 from deployments.demo import save_credentials_block, seed_corpus
 from flows.pretrain import pretrain
+from pretrain import manifest
 from pretrain.corpus import corpus_texts
 from pretrain.toy_tokenizers import llama3_style
 from trainer.tokenizer import load_tokenizer
@@ -70,7 +73,17 @@ def test_tiny_local_runs_every_stage_on_the_demo_corpus(executor, s3_endpoint, d
     assert "xychart-beta" in artifacts["tiny-local-loss-curve"].data
     assert "data:image/png;base64," in artifacts["tiny-local-loss-curve"].data
     summary = artifacts["tiny-local-run-summary"].data
-    assert "| outcome | completed |" in summary and "final train loss" in summary
+    assert "| outcome | completed |" in summary
+    # the run's results as the metrics stream gave them, and where they came from
+    val = [p["val_loss"] for p in json.loads(artifacts["tiny-local-loss-points"].data) if p.get("val_loss")]
+    assert f"| final train loss | {losses[-1]['loss']:.4g} (step 12) |" in summary, summary
+    assert val and f"| final validation loss | {val[-1]:.4g} |" in summary, summary
+    assert re.search(r"\| tokens/s \| [\d,]+ \|", summary) and re.search(r"\| step time \| [\d,.]+ ms \|", summary)
+    assert f"| code version | `{manifest.code_version()}` |" in summary
+    assert f"| torch | {torch.__version__} |" in summary and "| prefect | " in summary
+    durations = summary.split("#### Stage durations")[1].split("####")[0]
+    timed = [line.split(" | ")[0].strip("| ") for line in durations.splitlines()[3:] if line]
+    assert [name for name in timed if name != "precompile"] == ["fetch", "tokenize", "train"], durations
     # every job of the run, each stage's: the tokenize array and merge, the warm-up, training
     jobs = [line.split(" | ")[:2] for line in summary.split("#### Slurm jobs")[1].split("####")[0].splitlines()[3:] if line]
     stages = [stage.strip("| ") for stage, _ in jobs]

@@ -19,7 +19,7 @@ from deployments.stack.processes import alive
 from pretrain.command import Command
 from slurm_faults import preempt_node
 from tasks.slurm import (
-    JobRequest, SlurmJobFailed, parse_sacct, run_array, run_job, slurm_parameters, submit, wait,
+    JobRequest, SlurmJobFailed, expand_nodes, parse_sacct, run_array, run_job, slurm_parameters, submit, wait,
 )
 
 SLURM = SlurmCluster(executor="slurm")
@@ -251,13 +251,17 @@ def test_killed_flow_process_leaves_no_job_behind(local_stack, shared_dir, execu
 # ---------------------------------------------------------------- local executor
 
 
-def test_local_executor_runs_and_reports_failures(shared_dir):
+def test_local_executor_runs_and_reports_failures(shared_dir, monkeypatch):
     assert run_job(JobRequest("local-ok", bash("echo ok"), time_limit_min=2), LOCAL, shared_dir,
                    poll_s=0.2) == [0]
     with pytest.raises(SlurmJobFailed) as info:
         run_job(JobRequest("local-bad", bash("echo broken >&2; exit 4"), time_limit_min=2), LOCAL,
                 shared_dir, poll_s=0.2)
     assert "exit code 4" in str(info.value) and "broken" in str(info.value)
+    # On a machine without Slurm (what the local executor is for), a failure's nodes are still
+    # named: the precompile and train tables list the host, not scontrol's absence.
+    monkeypatch.setenv("PATH", "/nonexistent")
+    assert expand_nodes(info.value.nodes) == ["localhost"]
 
 
 def test_array_returns_each_tasks_outcome_so_only_failures_are_retried(local_stack, shared_dir):

@@ -21,12 +21,13 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import mmap
 import os
 import shutil
 import struct
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -366,6 +367,63 @@ def load_shard(path: Path, mmap: bool = False) -> dict[str, torch.Tensor]:
                            "or corrupt") from None
 
 
+class LazyShard(Mapping):
+    """A shard's tensors, each mapped from the file when asked for, its pages handed back with
+    ``release``: --verify keeps one written tensor resident at a time, where torch.load's
+    memory-mapped shard keeps every page it compared until the whole shard is done."""
+
+    def __init__(self, path: Path):
+        self.path, self._map = path, None
+        try:
+            if xser_format.is_xser(path):
+                self.xser, self.entries = True, xser_format.refs(path)
+            else:
+                self.xser, self.entries = False, torch.load(path, map_location="meta", weights_only=True)
+        except Exception as exc:
+            raise ConvertError(f"{path}: cannot read the shard ({type(exc).__name__}: {exc}); it is truncated "
+                               "or corrupt") from None
+
+    def _span(self, entry: torch.Tensor) -> tuple[int, int] | None:
+        """Where a tensor's bytes lie in the file; None for a view into a shared storage."""
+        storage = entry.untyped_storage()
+        if entry.storage_offset() or not entry.is_contiguous() or storage.nbytes() != entry.nbytes:
+            return None
+        return storage._checkpoint_offset, entry.nbytes
+
+    def __getitem__(self, key: str) -> torch.Tensor:
+        entry = self.entries[key]
+        try:
+            if self.xser:
+                return xser_format.tensor(self.path, key, entry)
+            if (span := self._span(entry)) is None:
+                return load_shard(self.path, mmap=True)[key]  # as torch reads it
+            offset, size = span
+            if not size:
+                return torch.empty(entry.shape, dtype=entry.dtype)
+            if self._map is None:
+                with open(self.path, "rb") as f:  # copy-on-write: a writable buffer torch takes as is
+                    self._map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
+            if offset + size > len(self._map):
+                raise EOFError("the file ends inside the tensor")
+            return torch.frombuffer(self._map, dtype=entry.dtype, count=entry.numel(), offset=offset).reshape(entry.shape)
+        except FileNotFoundError as exc:
+            raise ConvertError(str(exc)) from None
+        except (OSError, EOFError, ValueError) as exc:
+            raise ConvertError(f"{self.path}: cannot read {key} ({exc}); the shard is truncated or corrupt") from None
+
+    def release(self, key: str) -> None:
+        """Hand ``key``'s pages back (clean file pages: the kernel drops them, nothing is lost)."""
+        if self._map is not None and not self.xser and (span := self._span(self.entries[key])) is not None:
+            start = span[0] - span[0] % mmap.PAGESIZE
+            self._map.madvise(mmap.MADV_DONTNEED, start, span[0] + span[1] - start)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.entries)
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+
 def nxdt_states(model_dir: Path, layout: NxdtLayout) -> Iterator[tuple[int, list[dict[str, torch.Tensor]]]]:
     """Per pipeline stage, the tp shards of that stage (one stage in memory at a time)."""
     for pp_rank in range(layout.pp):
@@ -457,17 +515,21 @@ def verify(source: HFCheckpoint, model_dir: Path, layout: NxdtLayout) -> dict:
     for pp_rank in range(layout.pp):
         for tp_rank in range(layout.tp):
             path = model_dir / shard_name(tp_rank, pp_rank)
-            written = load_shard(path, mmap=True)
+            if not path.exists():
+                raise ConvertError(f"{path}: shard missing; check --tp/--pp against the checkpoint")
+            written = LazyShard(path)
             expected: set[str] = set()
             for key, tensor in shard_items(source, layout, tp_rank, pp_rank):
                 expected.add(key)
                 if key not in written:
                     raise ConvertError(f"verify: {path} lacks {key}")
-                if written[key].dtype != tensor.dtype:  # torch.equal compares values only
-                    raise ConvertError(f"verify: {path}: {key} is {written[key].dtype}, the HF checkpoint's "
-                                       f"is {tensor.dtype}")
-                if not torch.equal(written[key], tensor):
+                mine = written[key]
+                if mine.dtype != tensor.dtype:  # torch.equal compares values only
+                    raise ConvertError(f"verify: {path}: {key} is {mine.dtype}, the HF checkpoint's is {tensor.dtype}")
+                if not torch.equal(mine, tensor):
                     raise ConvertError(f"verify: {path}: {key} differs from the HF checkpoint")
+                del mine, tensor
+                written.release(key)
             if extra := sorted(set(written) - expected):
                 raise ConvertError(f"verify: {path} holds tensors it should not: {', '.join(extra)}")
             del written

@@ -66,20 +66,26 @@ def save_refs(keys: list[str], path: Path) -> None:
     torch.save({key: TensorReference(tid) for tid, key in enumerate(keys)}, path, pickle_module=_PICKLE_MODULE)
 
 
-def load(path: Path, mmap: bool = False) -> dict[str, torch.Tensor]:
-    """A flat xser state: the ref file, each reference replaced by its tensor file. Raises
-    FileNotFoundError naming a missing tensor file, ValueError for a ref file of another shape."""
+def refs(path: Path) -> dict[str, TensorReference | torch.Tensor]:
+    """The ref file of a flat state: a reference per tensor (or a tensor xser left in the file,
+    a CPU tensor as the runbooks' converter leaves them). ValueError for another shape."""
     with torch.serialization.safe_globals([(TensorReference, CLASS_PATH)]):
-        refs = torch.load(path, map_location="cpu", weights_only=True)
-    if not isinstance(refs, dict):
-        raise ValueError(f"holds a {type(refs).__name__}, not a state dict")
-    state = {}
-    for key, ref in refs.items():
-        if not isinstance(ref, TensorReference):
-            state[key] = ref  # a tensor xser left in the ref file (a CPU tensor, as the converter's)
-            continue
-        file = tensor_file(path, ref.tid)
-        if not file.exists():
-            raise FileNotFoundError(f"{file}: tensor {ref.tid} ({key}) of the xser checkpoint is missing")
-        state[key] = torch.load(file, map_location="cpu", weights_only=True, mmap=mmap)
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    if not isinstance(state, dict):
+        raise ValueError(f"holds a {type(state).__name__}, not a state dict")
     return state
+
+
+def tensor(path: Path, key: str, ref: TensorReference | torch.Tensor, mmap: bool = False) -> torch.Tensor:
+    """``key``'s tensor; FileNotFoundError naming its tensor file if that is missing."""
+    if not isinstance(ref, TensorReference):
+        return ref
+    file = tensor_file(path, ref.tid)
+    if not file.exists():
+        raise FileNotFoundError(f"{file}: tensor {ref.tid} ({key}) of the xser checkpoint is missing")
+    return torch.load(file, map_location="cpu", weights_only=True, mmap=mmap)
+
+
+def load(path: Path, mmap: bool = False) -> dict[str, torch.Tensor]:
+    """A flat xser state: the ref file, each reference replaced by its tensor file."""
+    return {key: tensor(path, key, ref, mmap) for key, ref in refs(path).items()}
