@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -640,6 +641,35 @@ def test_export_loads_in_transformers_and_continues_pretraining(corpus, baseline
 
 LLAMA31_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                 "original_max_position_embeddings": 8192}
+
+
+def test_init_from_a_checkpoint_with_other_rope_is_refused_naming_it(tmp_path):
+    """from_pretrained would take the checkpoint's RoPE over the spec's without a word: a Llama 3
+    checkpoint under a Llama 3.1 spec (or another theta) is refused, in either config.json form."""
+    from trainer.train.config import ModelConfig
+    from trainer.train.model import _check_checkpoint_config
+
+    spec = ModelConfig(family="llama", num_layers=2, hidden_size=64, ffn_hidden_size=172, num_attention_heads=4,
+                       num_kv_heads=2, vocab_size=256, max_position_embeddings=64, rope_theta=500000.0,
+                       rope_scaling=LLAMA31_ROPE)
+    shape = {"num_hidden_layers": 2, "hidden_size": 64, "intermediate_size": 172, "num_attention_heads": 4,
+             "num_key_value_heads": 2, "vocab_size": 256, "max_position_embeddings": 64}
+    cases = {
+        "llama3": ({**shape, "rope_theta": 500000.0, "rope_scaling": None}, "rope type default (spec model.rope_scaling: llama3)"),
+        "theta": ({**shape, "rope_parameters": {"rope_theta": 10000.0, **LLAMA31_ROPE}},
+                  "rope_theta=10000.0 (spec model.rope_theta=500000.0)"),
+        "factor": ({**shape, "rope_theta": 500000.0, "rope_scaling": {**LLAMA31_ROPE, "factor": 32.0}},
+                   "rope_scaling.factor=32.0 (spec model.rope_scaling.factor=8.0)"),
+    }
+    for name, (config, message) in cases.items():
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "config.json").write_text(json.dumps(config))
+        with pytest.raises(ValueError, match=re.escape(message)):
+            _check_checkpoint_config(spec, tmp_path / name)
+    (tmp_path / "same").mkdir()  # transformers 5's form of the same RoPE passes
+    (tmp_path / "same" / "config.json").write_text(json.dumps({**shape, "rope_parameters": {"rope_theta": 500000.0,
+                                                                                           **LLAMA31_ROPE}}))
+    _check_checkpoint_config(spec, tmp_path / "same")
 
 
 def test_llama31_rope_scaling_reaches_the_model_and_its_export(tmp_path):

@@ -46,9 +46,31 @@ def _check_checkpoint_config(cfg: ModelConfig, path: Path) -> None:
     mismatched = [f"{key}={found[key]} (spec model.{ours}={getattr(cfg, ours)})"
                   for key, ours in keys.items() if key in found and found[key] is not None
                   and found[key] != getattr(cfg, ours)]
+    if cfg.family == "llama":
+        mismatched += _rope_mismatches(cfg, found)
     if mismatched:
         raise ValueError(f"{config_file} does not match the spec's model: {'; '.join(mismatched)}; "
                          "make the spec's model section describe this checkpoint")
+
+
+def _rope_mismatches(cfg: ModelConfig, found: dict) -> list[str]:
+    """RoPE as the checkpoint was trained with it: from_pretrained takes the checkpoint's, so a
+    spec that says otherwise (Llama 3 against 3.1's scaling, another theta) would be ignored
+    silently. transformers 5 writes both under rope_parameters, earlier versions top-level."""
+    params = found.get("rope_parameters") or {}
+    theta = found.get("rope_theta", params.get("rope_theta"))
+    scaling = {k: v for k, v in (found.get("rope_scaling") or params).items() if k != "rope_theta"}
+    kind = scaling.get("rope_type", scaling.get("type", "default"))
+    out = []
+    if theta is not None and float(theta) != float(cfg.rope_theta):
+        out.append(f"rope_theta={theta} (spec model.rope_theta={cfg.rope_theta})")
+    wanted = cfg.rope_scaling or {}
+    if wanted.get("rope_type", "default") != kind:
+        out.append(f"rope type {kind} (spec model.rope_scaling: {wanted.get('rope_type', 'none')})")
+    else:
+        out += [f"rope_scaling.{k}={scaling.get(k)} (spec model.rope_scaling.{k}={v})"
+                for k, v in wanted.items() if k != "rope_type" and scaling.get(k) != v]
+    return out
 
 
 def build(cfg: ModelConfig, seed: int) -> torch.nn.Module:
