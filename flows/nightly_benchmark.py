@@ -52,8 +52,8 @@ def nightly_benchmark(preset: str = "tiny-local", overrides: list[str] | None = 
     if spec.backend.kind != "native":
         raise ValueError(f"preset {preset!r} uses the {spec.backend.kind} backend; the nightly benchmark trains "
                          "with the native backend (the one the pipeline runs end to end)")
-    # A history block that does not exist fails the run now, not after the pipeline has run.
-    history_for(history, spec.paths.root)
+    # A history that does not exist or cannot be written fails the run now, not after the pipeline.
+    history_for(history, spec.paths.root).check_writable(spec.name)
     started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     try:
         outputs, seconds = run_stages(spec)

@@ -15,6 +15,7 @@ import math
 import posixpath
 import statistics
 import time
+import uuid
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -202,6 +203,20 @@ class History:
             if record.fingerprint == fingerprint and record.flow_run_id != other_than:
                 records.append(record)
         return sorted(records, key=lambda r: r.started)
+
+    def check_writable(self, spec_name: str) -> None:
+        """Write and remove a probe where this spec's records go, so that a wrong bucket, missing
+        credentials or a read-only directory fail the run before the pipeline, not after it."""
+        directory = self._dir(spec_name)
+        probe = posixpath.join(directory, f".probe-{uuid.uuid4().hex}")
+        try:
+            if isinstance(self.fs, LocalFileSystem):
+                self.fs.makedirs(directory, exist_ok=True)
+            self.fs.pipe_file(probe, b"")
+            self.fs.rm_file(probe)
+        except Exception as exc:  # fsspec backends raise their own types (botocore's, OSError, ...)
+            raise PermissionError(f"the benchmark history at {self.url} cannot be written ({type(exc).__name__}: "
+                                  f"{exc}); fix the location, its credentials or permissions") from None
 
     def append(self, record: BenchmarkRecord) -> str:
         """Write the record; a reader never sees half of it (rename on a filesystem, one PUT on S3)."""

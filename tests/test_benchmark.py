@@ -196,3 +196,12 @@ def test_a_history_block_that_does_not_exist_fails_before_any_stage_runs(local_s
                               history="no-such-history-block", return_state=True)
     assert state.is_failed() and "no-such-history-block" in str(state.message), state.message
     assert not (tmp_path / "fetch").exists()  # nothing was fetched, let alone trained
+    # A block that exists but points where nothing can be written (a bucket that is not there)
+    StorageLocation(url=f"s3://no-such-bucket-{uuid.uuid4().hex[:8]}/nightly", aws_credentials=AwsCredentials(
+        aws_access_key_id="test", aws_secret_access_key="test", region_name="us-east-1",
+        aws_client_parameters=AwsClientParameters(endpoint_url=local_stack["PRETRAIN_S3_ENDPOINT"]))
+    ).save("unwritable-history", overwrite=True)
+    state = nightly_benchmark(preset="tiny-local", overrides=[f"paths.root={tmp_path}"], steps=2,
+                              history="unwritable-history", return_state=True)
+    assert state.is_failed() and "the benchmark history at s3://no-such-bucket-" in str(state.message), state.message
+    assert "cannot be written" in str(state.message) and not (tmp_path / "fetch").exists()
