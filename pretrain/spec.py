@@ -32,9 +32,18 @@ class DataSource(Strict):
     sha256: str | None = Field(None, description="Expected sha256 of a single-file source.")
 
 
+class BlendSource(Strict):
+    prefix: str = Field(description="A tokenized Megatron dataset on the shared filesystem: the path "
+                        "of its .bin/.idx pair without the suffix.")
+    weight: float = Field(gt=0, description="Its share of the blend, relative to the other weights.")
+
+
 class DataSpec(Strict):
     sources: list[DataSource] = Field(min_length=1, description="Raw data: JSONL corpora, or "
                                       "already tokenized .bin/.idx files.")
+    weight: float = Field(1.0, gt=0, description="The share of this spec's own dataset in a blend.")
+    blend: list[BlendSource] = Field(default_factory=list, description="Other tokenized datasets "
+                                     "trained on with this one, each sampled by its weight (Megatron's blend).")
     json_keys: list[str] = Field(["text"], description="JSON keys holding the text (Megatron --json-keys).")
     split: str = Field("969,30,1", description="train,valid,test weights, Megatron style.")
     tokenize_shards: int | None = Field(None, gt=0, description="Slurm array tasks for tokenize; "
@@ -363,6 +372,9 @@ class PretrainSpec(Strict):
             raise ValueError(f"parallel.tp={p.tp} does not divide model.num_attention_heads="
                              f"{m.num_attention_heads}: choose tp in {divisors}")
         self._check_kv_heads()
+        if self.data.blend and self.backend.kind == "neuron" and m.family == "llama":
+            raise ValueError("data.blend: NxDT's Llama configs read one HF Arrow dataset (data.train_dir) and "
+                             "cannot blend; blend with backend.kind=native or megatron-lm, or a GPT config")
         if self.backend.kind == "native":
             # FSDP2 over the data-parallel ranks and DTensor tp are the native trainer's parallelism;
             # the rest is NxDT's and Megatron-LM's, and a native run would silently ignore it.

@@ -6,6 +6,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
 import yaml
 
 from flows.pretrain import pretrain
@@ -122,6 +123,32 @@ def test_render_native_writes_the_trainer_config_the_node_program_accepts(tmp_pa
     assert "SIGUSR2" in torchrun and "-m trainer train --config" in torchrun
     assert f"TORCHINDUCTOR_CACHE_DIR={tmp_path}/compile-cache/inductor" in (out / "train_env.sh").read_text()
     assert json.loads((out / "train.json").read_text())["checkpoint"]["dir"].endswith("/checkpoints")
+
+
+def test_a_blend_reaches_every_megatron_format_reader_as_weights_and_prefixes(tmp_path):
+    """data.blend mixes other tokenized datasets into training by weight: the native trainer's
+    paths and weights (a config it accepts), Megatron-LM's --data-path W P ..., NxDT GPT's data_prefix."""
+    import json
+
+    from pretrain.presets import SpecError, load_spec
+    from trainer.launch import megatron_lm, native, nxdt
+    from trainer.train.config import TrainConfig
+
+    mix = ["data.weight=0.7", "data.blend=[{prefix: /fsx/code_text_document, weight: 0.3}]"]
+    config = native.train_config(load_spec("tiny-local", mix), dataset="/fsx/own_text_document",
+                                 run_dir=str(tmp_path), eod_id=0)
+    (tmp_path / "train.json").write_text(json.dumps(config))
+    data = TrainConfig.from_file(tmp_path / "train.json").data
+    assert (data.paths, data.weights) == (["/fsx/own_text_document", "/fsx/code_text_document"], [0.7, 0.3])
+    args = megatron_lm.pretrain_gpt_args(load_spec("gpt3-7.5b-gpu", mix), "/fsx/own_text_document", "/ckpt")
+    at = args.index("--data-path")
+    assert args[at + 1:at + 6] == ["0.7", "/fsx/own_text_document", "0.3", "/fsx/code_text_document", "--split"]
+    gpt = nxdt.nxdt_config(load_spec("megatron-gpt-6.7b", mix), "/fsx/own_text_document")
+    assert gpt["data"]["data_prefix"] == [0.7, "/fsx/own_text_document", 0.3, "/fsx/code_text_document"]
+    # without a blend, each reads its one dataset as before
+    assert native.train_config(load_spec("tiny-local"), dataset="/d", run_dir=str(tmp_path), eod_id=0)["data"]["weights"] is None
+    with pytest.raises(SpecError, match="data.blend: NxDT's Llama configs read one HF Arrow dataset"):
+        load_spec("llama3-70b", mix)
 
 
 def test_torchrun_waits_the_whole_stop_signal_lead_before_killing_the_ranks(monkeypatch):

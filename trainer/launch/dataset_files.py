@@ -20,3 +20,9 @@ def gpt2_bpe_files(spec: PretrainSpec, data_prefix: str) -> tuple[str, str]:
         raise ValueError("tokenizer.vocab_file and tokenizer.merges_file are required for a GPT-2 BPE tokenizer")
     directory = PurePosixPath(data_prefix).parent
     return str(directory / PurePosixPath(tok.vocab_file).name), str(directory / PurePosixPath(tok.merges_file).name)
+
+
+def blend(spec: PretrainSpec, dataset: str) -> list[tuple[float, str]]:
+    """(weight, prefix) of every dataset training samples from: the spec's own, then
+    ``data.blend``'s, as Megatron's ``--data-path W1 P1 W2 P2 ...`` lists them."""
+    return [(spec.data.weight, dataset), *((b.weight, b.prefix) for b in spec.data.blend)]

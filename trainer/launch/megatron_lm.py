@@ -4,7 +4,7 @@ that runs inside the pyxis container (the ParallelCluster / HyperPod / EKS GPT-3
 from __future__ import annotations
 
 from pretrain.spec import MegatronLMSpec, PretrainSpec
-from trainer.launch.dataset_files import gpt2_bpe_files
+from trainer.launch.dataset_files import blend, gpt2_bpe_files
 
 MASTER_PORT = 29500
 PRETRAIN_GPT = "/workspace/Megatron-LM/pretrain_gpt.py"
@@ -45,7 +45,8 @@ def pretrain_gpt_args(spec: PretrainSpec, data_prefix: str, checkpoint_dir: str)
         args.append("--recompute-activations")
     split, eval_iters = ("100,0,0", 0) if t.benchmark else (spec.data.split, t.eval_iters)
     vocab, merges = gpt2_bpe_files(spec, data_prefix)
-    args += ["--data-path", data_prefix, "--split", split, "--tokenizer-type", "GPT2BPETokenizer",
+    data_path = [str(x) for pair in blend(spec, data_prefix) for x in pair] if spec.data.blend else [data_prefix]
+    args += ["--data-path", *data_path, "--split", split, "--tokenizer-type", "GPT2BPETokenizer",
              "--vocab-file", vocab, "--merge-file", merges,
              "--log-interval", "1", "--eval-interval", str(t.eval_interval), "--eval-iters", str(eval_iters),
              "--save", checkpoint_dir, "--load", checkpoint_dir, "--save-interval", str(t.checkpoint_interval)]

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from pretrain.spec import PretrainSpec
+from trainer.launch.dataset_files import blend
 
 # torchrun forwards these to the ranks; Slurm sends USR2 ahead of the time limit (--signal).
 FORWARDED_SIGNALS = "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1,SIGUSR2"
@@ -42,7 +43,9 @@ def train_config(spec: PretrainSpec, *, dataset: str, run_dir: str, eod_id: int,
                   "init_from": init_from if init_from is not None else m.init_from},
         # Megatron's sample index cache, per run: by default it would go inside the tokenize
         # stage's content-addressed output, and a killed write there would poison later runs.
-        "data": {"paths": [dataset], "split": spec.data.split, "cache_dir": str(run / "index-cache")},
+        "data": {"paths": [prefix for _, prefix in blend(spec, dataset)],
+                 "weights": [weight for weight, _ in blend(spec, dataset)] if spec.data.blend else None,
+                 "split": spec.data.split, "cache_dir": str(run / "index-cache")},
         "optim": {"lr": t.lr, "min_lr": t.min_lr, "warmup_steps": t.warmup_steps, "decay_style": t.lr_decay_style,
                   "weight_decay": t.weight_decay, "betas": list(t.adam_betas), "grad_clip": t.grad_clip,
                   "max_nan_steps_in_a_row": n.max_nan_steps_in_a_row},

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from pretrain.spec import PretrainSpec
-from trainer.launch.dataset_files import gpt2_bpe_files
+from trainer.launch.dataset_files import blend, gpt2_bpe_files
 
 MASTER_PORT = 41000  # train_setup.sh's fixed rendezvous port
 
@@ -103,7 +103,7 @@ def _gpt(spec: PretrainSpec, data_prefix: str) -> dict[str, Any]:
     m, t = spec.model, spec.training
     vocab, merges = gpt2_bpe_files(spec, data_prefix)
     data = {"micro_batch_size": t.micro_batch_size, "global_batch_size": t.global_batch_size,
-            "data_prefix": [1.0, data_prefix], "data_impl": "mmap", "splits_string": spec.data.split,
+            "data_prefix": [x for pair in blend(spec, data_prefix) for x in pair], "data_impl": "mmap", "splits_string": spec.data.split,
             "seq_length": m.seq_length,
             "tokenizer": {"library": "megatron", "type": "GPT2BPETokenizer", "vocab_file": vocab,
                           "merge_file": merges}}
