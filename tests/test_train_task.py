@@ -323,16 +323,20 @@ def occupy_node(job_name: str, seconds: float) -> str:
     return job_id
 
 
-def submitted_at(job_id: str) -> float:
-    out = subprocess.run(["sacct", "-X", "-n", "-P", "-j", job_id, "-o", "Submit"],
+def sacct_times(job_id: str, fields: str) -> list[float]:
+    """The job's accounting times ``fields`` (e.g. ``Submit,Start``), as epoch seconds."""
+    out = subprocess.run(["sacct", "-X", "-n", "-P", "-j", job_id, "-o", fields],
                          capture_output=True, text=True, check=True).stdout
-    return time.mktime(time.strptime(out.split()[-1], "%Y-%m-%dT%H:%M:%S"))
+    return [time.mktime(time.strptime(t, "%Y-%m-%dT%H:%M:%S")) for t in out.split()[-1].split("|")]
+
+
+def submitted_at(job_id: str) -> float:
+    (submitted,) = sacct_times(job_id, "Submit")
+    return submitted
 
 
 def seconds_in_queue(job_id: str) -> float:
-    out = subprocess.run(["sacct", "-X", "-n", "-P", "-j", job_id, "-o", "Submit,Start"],
-                         capture_output=True, text=True, check=True).stdout
-    submitted, started = (time.mktime(time.strptime(t, "%Y-%m-%dT%H:%M:%S")) for t in out.split()[-1].split("|"))
+    submitted, started = sacct_times(job_id, "Submit,Start")
     return started - submitted
 
 

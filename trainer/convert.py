@@ -306,10 +306,11 @@ def write_shard(state: dict[str, torch.Tensor | Rows] | torch.Tensor | Rows, pat
     with serialization_config.patch(**{"save.compute_crc32": False}), torch.serialization.skip_data():
         torch.save(skeleton[""] if single else skeleton, path)
     laid_out = torch.load(path, map_location="meta", weights_only=True)
-    laid_out, state = ({"": laid_out}, items) if single else (laid_out, state)
+    if single:
+        laid_out = {"": laid_out}
     fd = os.open(path, os.O_WRONLY)
     try:
-        for key, value in state.items():
+        for key, value in items.items():
             offset = laid_out[key].untyped_storage()._checkpoint_offset
             if isinstance(value, Rows):
                 value.copy_to(fd, offset)
@@ -351,6 +352,16 @@ def hf_to_nxdt(ckpt: HFCheckpoint, layout: NxdtLayout, staging: Path, xser: bool
 # ---------------------------------------------------------------- NxDT -> HF
 
 
+def _unreadable(path: Path, exc: Exception) -> ConvertError:
+    """A shard that cannot be read, named with the likely fix rather than a traceback."""
+    if isinstance(exc, FileNotFoundError):
+        if path.exists():  # an xser tensor file: the message names it
+            return ConvertError(str(exc))
+        return ConvertError(f"{path}: shard missing; check --tp/--pp against the checkpoint")
+    # truncated or not a torch file
+    return ConvertError(f"{path}: cannot read the shard ({type(exc).__name__}: {exc}); it is truncated or corrupt")
+
+
 def load_shard(path: Path, mmap: bool = False) -> dict[str, torch.Tensor]:
     """A shard in either layout (xser when a ``.tensors`` directory lies beside it, as NxD
     decides). ``mmap``: tensors stay in the file's pages until read (verify compares one at a time)."""
@@ -358,13 +369,8 @@ def load_shard(path: Path, mmap: bool = False) -> dict[str, torch.Tensor]:
         if xser_format.is_xser(path):
             return xser_format.load(path, mmap=mmap)
         return torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
-    except FileNotFoundError as exc:
-        if path.exists():  # an xser tensor file: the message names it
-            raise ConvertError(str(exc)) from None
-        raise ConvertError(f"{path}: shard missing; check --tp/--pp against the checkpoint") from None
-    except Exception as exc:  # truncated or not a torch file: name it rather than dump a traceback
-        raise ConvertError(f"{path}: cannot read the shard ({type(exc).__name__}: {exc}); it is truncated "
-                           "or corrupt") from None
+    except Exception as exc:
+        raise _unreadable(path, exc) from None
 
 
 class LazyShard(Mapping):
@@ -380,8 +386,7 @@ class LazyShard(Mapping):
             else:
                 self.xser, self.entries = False, torch.load(path, map_location="meta", weights_only=True)
         except Exception as exc:
-            raise ConvertError(f"{path}: cannot read the shard ({type(exc).__name__}: {exc}); it is truncated "
-                               "or corrupt") from None
+            raise _unreadable(path, exc) from None
 
     def _span(self, entry: torch.Tensor) -> tuple[int, int] | None:
         """Where a tensor's bytes lie in the file; None for a view into a shared storage."""
@@ -515,8 +520,6 @@ def verify(source: HFCheckpoint, model_dir: Path, layout: NxdtLayout) -> dict:
     for pp_rank in range(layout.pp):
         for tp_rank in range(layout.tp):
             path = model_dir / shard_name(tp_rank, pp_rank)
-            if not path.exists():
-                raise ConvertError(f"{path}: shard missing; check --tp/--pp against the checkpoint")
             written = LazyShard(path)
             expected: set[str] = set()
             for key, tensor in shard_items(source, layout, tp_rank, pp_rank):

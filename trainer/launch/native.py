@@ -34,6 +34,7 @@ def train_config(spec: PretrainSpec, *, dataset: str, run_dir: str, eod_id: int,
     m, t, n = spec.model, spec.training, spec.backend.native
     run = Path(run_dir)
     steps = steps or train_steps(spec)
+    datasets = blend(spec, dataset)
     return {
         "model": {"family": m.family, "num_layers": m.num_layers, "hidden_size": m.hidden_size,
                   "ffn_hidden_size": m.ffn_hidden_size, "num_attention_heads": m.num_attention_heads,
@@ -43,8 +44,8 @@ def train_config(spec: PretrainSpec, *, dataset: str, run_dir: str, eod_id: int,
                   "init_from": init_from if init_from is not None else m.init_from},
         # Megatron's sample index cache, per run: by default it would go inside the tokenize
         # stage's content-addressed output, and a killed write there would poison later runs.
-        "data": {"paths": [prefix for _, prefix in blend(spec, dataset)],
-                 "weights": [weight for weight, _ in blend(spec, dataset)] if spec.data.blend else None,
+        "data": {"paths": [prefix for _, prefix in datasets],
+                 "weights": [weight for weight, _ in datasets] if spec.data.blend else None,
                  "split": spec.data.split, "cache_dir": str(run / "index-cache")},
         "optim": {"lr": t.lr, "min_lr": t.min_lr, "warmup_steps": t.warmup_steps, "decay_style": t.lr_decay_style,
                   "weight_decay": t.weight_decay, "betas": list(t.adam_betas), "grad_clip": t.grad_clip,
