@@ -2,7 +2,8 @@
 
     .venv/bin/python benchmarks/train_benchmark.py overhead [--steps 110] [--repeats 3] [--intervals 50,10]
     .venv/bin/python benchmarks/train_benchmark.py tiny-local
-    python benchmarks/train_benchmark.py gpu [--steps 30] [--micro-batch 8] [--global-batch 16] [--smoke]
+    python benchmarks/train_benchmark.py gpu [--steps 30] [--micro-batch 8] [--global-batch 16]
+                                             [--checkpoint-interval 10] [--smoke]
     python benchmarks/train_benchmark.py resume [--steps 40]
 
 overhead: wall time per step of ``python -m trainer train`` (data loading from a Megatron
@@ -20,10 +21,11 @@ loss over the first (target < 0.6).
 gpu: ``python -m trainer train`` on one accelerator with a Llama of Llama 3.2 1B's shape (16
 layers, hidden 2048, 32 heads, 8 KV heads, FFN 8192, vocab 128256; 1.5 B parameters, the
 embeddings untied) at sequence 2048 in bf16 with torch.compile, micro-batches of 8 (the 80 GB of
-an H100 hold them without activation checkpointing), no evaluation, and no checkpoint until the
-trainer's final one after the timed steps (~18 GB: ``TMPDIR=/dev/shm`` keeps it off a slow disk);
+an H100 hold them without activation checkpointing), no evaluation, async checkpoints after
+steps 10 and 20 and the final one (~18 GB each: ``TMPDIR=/dev/shm`` keeps them off a slow disk);
 prints the trainer's own tokens/s, MFU (from the device's dense bf16 peak) and step time, medians
-after warm-up (target MFU >= 45 % on one H100). Needs the trainer's dependencies beside a CUDA
+after warm-up (target MFU >= 45 % on one H100); then a bare loop of the same shape on the same
+device, and the trainer's overhead ratio over it (target <= 1.05) without and with the checkpoints. Needs the trainer's dependencies beside a CUDA
 PyTorch (megatron-core for the dataset). ``--smoke`` runs the same path with the small overhead
 model on whatever device there is, to check the command.
 
@@ -75,44 +77,71 @@ def synthetic_dataset(prefix: Path, vocab_size: int = 4096, documents: int = 200
     builder.finalize(f"{prefix}.idx")
 
 
-def bare_loop(steps: int, glibc_defaults: bool) -> float:
-    """Seconds per step after warm-up: the model, AdamW and a fixed batch, nothing else."""
-    from trainer.train.config import ModelConfig
-    from trainer.train.device import keep_freed_memory
-    from trainer.train.model import build
+# What a bare loop runs: the CPU overhead benchmark's small model in fp32, or the GPU benchmark's
+# model in bf16 with torch.compile on the default device, so each trainer run has its baseline.
+CPU_SHAPE = {"model": MODEL, "seq": SEQ, "micro": MICRO, "global_batch": GLOBAL, "device": "cpu",
+             "precision": "fp32", "compile": False}
 
+
+def bare_loop(steps: int, shape: dict, glibc_defaults: bool = False) -> float:
+    """Seconds per step after warm-up: the model, AdamW and a fixed batch, nothing else. The
+    trainer's own building blocks (model, per-block compile, optimizer, device choices), so the
+    difference to a trainer run is what the trainer adds: data loading, metrics, checkpoints and
+    the per-step agreement between ranks."""
+    from trainer.train import device as devices
+    from trainer.train.config import ModelConfig, OptimConfig
+    from trainer.train.model import build
+    from trainer.train.optimizer import build_optimizer
+    from trainer.train.parallelize import apply_compile
+
+    device = devices.resolve(shape["device"])
     if not glibc_defaults:
-        keep_freed_memory(torch.device("cpu"))
-    model = build(ModelConfig(**MODEL), seed=1234)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=True)
-    tokens = torch.randint(0, 4096, (MICRO, SEQ))
+        devices.keep_freed_memory(device)
+    model = build(ModelConfig(**shape["model"]), seed=1234)
+    if shape["compile"]:
+        apply_compile(model, device)
+    model.to(device)
+    optimizer = build_optimizer(model, OptimConfig(lr=1e-3), fused=devices.fused_optimizer(device))
+    dtype = devices.compute_dtype(device, shape["precision"])
+    autocast = torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32)
+    tokens = torch.randint(0, shape["model"]["vocab_size"], (shape["micro"], shape["seq"]), device=device)
+    accumulation = shape["global_batch"] // shape["micro"]
+
+    def loss() -> torch.Tensor:
+        # A function, as the trainer's: the logits die on return, before the backward pass (on
+        # the GPU benchmark's model they are 4 GB, which the H100 does not have to spare).
+        with autocast:
+            logits = model(input_ids=tokens, use_cache=False).logits
+        return torch.nn.functional.cross_entropy(logits.float().flatten(0, 1), tokens.flatten())
+
     stamps = []
     for _ in range(steps):
-        for _ in range(GLOBAL // MICRO):
-            logits = model(input_ids=tokens, use_cache=False).logits
-            loss = torch.nn.functional.cross_entropy(logits.float().flatten(0, 1), tokens.flatten())
-            (loss / (GLOBAL // MICRO)).backward()
+        for _ in range(accumulation):
+            (loss() / accumulation).backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
+        devices.synchronize(device)  # the trainer waits for each step's loss; so does the baseline
         stamps.append(time.perf_counter())
     return (stamps[-1] - stamps[WARMUP - 1]) / (steps - WARMUP)
 
 
-def bare_run(steps: int, glibc_defaults: bool) -> float:
-    command = [sys.executable, __file__, "bare", "--steps", str(steps)] + (["--glibc-defaults"] if glibc_defaults else [])
-    return float(subprocess.run(command, check=True, capture_output=True, text=True).stdout)
+def bare_run(steps: int, shape: dict, glibc_defaults: bool = False) -> float:
+    """A bare loop in a process of its own, as each trainer run has."""
+    command = ([sys.executable, __file__, "bare", "--steps", str(steps), "--shape", json.dumps(shape)]
+               + (["--glibc-defaults"] if glibc_defaults else []))
+    return float(subprocess.run(command, check=True, stdout=subprocess.PIPE, text=True).stdout)
 
 
 def trainer_config(work: Path, model: dict, *, steps: int, micro: int, global_batch: int, seq: int,
-                   checkpoint_interval: int, **extra) -> Path:
+                   checkpoint_interval: int, keep: int = 2, **extra) -> Path:
     """A benchmark-mode trainer config over a synthetic dataset, written to ``work/train.json``."""
     prefix = work / "data_text_document"
     synthetic_dataset(prefix, model["vocab_size"], documents=max(2000, steps * global_batch * seq // 256),
                       max_length=max(512, seq))
     config = {"model": model, "data": {"paths": [str(prefix)], "split": "100,0,0", "cache_dir": str(work / "cache")},
               "optim": {"lr": 1e-3}, "checkpoint": {"dir": str(work / "ckpt"), "interval": checkpoint_interval,
-                                                                "keep": 2},
+                                                                "keep": keep},
               "metrics": {"jsonl_path": str(work / "metrics.jsonl"), "tensorboard_dir": str(work / "tb"),
                           "log_interval": 10},
               "steps": steps, "micro_batch_size": micro, "global_batch_size": global_batch, "seq_length": seq,
@@ -146,8 +175,8 @@ def overhead(steps: int, repeats: int, intervals: list[int]) -> None:
         for interval in intervals:
             with tempfile.TemporaryDirectory() as tmp:
                 trainer_s[interval].append(trainer_run(Path(tmp), steps, interval))
-        bare_s.append(bare_run(steps, glibc_defaults=False))
-        default_malloc_s.append(bare_run(steps, glibc_defaults=True))
+        bare_s.append(bare_run(steps, CPU_SHAPE))
+        default_malloc_s.append(bare_run(steps, CPU_SHAPE, glibc_defaults=True))
     bare = statistics.median(bare_s)
     print(f"model: Llama {MODEL['num_layers']} layers, hidden {MODEL['hidden_size']}, seq {SEQ}, "
           f"global batch {GLOBAL} ({GLOBAL // MICRO} micro-batches), {threads} threads, {steps} steps, "
@@ -183,13 +212,26 @@ def tiny_local() -> None:
           f"median of the last 10 steps {statistics.median(losses[s] for s in sorted(losses)[-10:]):.3f}")
 
 
-def gpu(steps: int, micro: int, global_batch: int, smoke: bool) -> None:
-    """The trainer's throughput and MFU on one accelerator, medians of the steps after warm-up."""
+def gpu(steps: int, micro: int, global_batch: int, checkpoint_interval: int, smoke: bool) -> None:
+    """The trainer's throughput and MFU on one accelerator, medians of the steps after warm-up;
+    then a bare loop of the same shape on the same device, for the trainer's overhead there:
+    once over the steps without a checkpoint, once over all timed steps, which include what the
+    asynchronous checkpoints every ``checkpoint_interval`` steps held training up (the first of
+    a run also allocates the host buffers the later ones reuse). One checkpoint is kept, so
+    that two of the 1.5B model's (~18 GB each) fit a GPU machine's /dev/shm."""
     model, seq = (MODEL, SEQ) if smoke else (LLAMA_1B, 2048)
     with tempfile.TemporaryDirectory() as tmp:
         config = trainer_config(Path(tmp), model, steps=steps, micro=micro, global_batch=global_batch, seq=seq,
-                                checkpoint_interval=steps + 1, precision="bf16", parallel={"compile": True})
-        timed = [r for step, r in sorted(run_trainer(config).items()) if step > WARMUP]
+                                checkpoint_interval=checkpoint_interval, keep=1, precision="bf16",
+                                parallel={"compile": True})
+        records = run_trainer(config)
+    timed = [r for step, r in sorted(records.items()) if step > WARMUP]
+    # A step's wall time runs from the previous step's record to its own: everything the loop did
+    # in between (metrics, the checkpoint taken after the previous step) counts.
+    between = {step: records[step]["time"] - records[step - 1]["time"] for step in records if step > WARMUP}
+    after_checkpoint = {step for step in between if (step - 1) % checkpoint_interval == 0}
+    steady = statistics.mean(t for step, t in between.items() if step not in after_checkpoint)
+    overall = statistics.mean(between.values())
 
     def median(key: str) -> float | None:
         values = [r[key] for r in timed if r.get(key) is not None]
@@ -204,6 +246,16 @@ def gpu(steps: int, micro: int, global_batch: int, smoke: bool) -> None:
     print(f"tokens/s {median('tokens_per_s'):.0f}; step time {median('step_time_ms'):.1f} ms; "
           f"MFU {'unknown (no peak for this device; set PRETRAIN_PEAK_TFLOPS)' if mfu is None else f'{mfu:.1f} %'} "
           f"(target >= 45 % on one H100); peak memory {median('memory_gib'):.1f} GiB")
+    bare_s = bare_run(steps, {"model": model, "seq": seq, "micro": micro, "global_batch": global_batch,
+                              "device": "auto", "precision": "bf16", "compile": True})
+    print(f"bare forward/backward/AdamW loop of the same shape on the same device: {bare_s * 1000:.1f} ms/step")
+    print(f"python -m trainer train, steps without a checkpoint: {steady * 1000:.1f} ms/step; overhead ratio "
+          f"{steady / bare_s:.3f} (target <= 1.05)")
+    if after_checkpoint:
+        stalls = ", ".join(f"{between[step] - steady:.2f} s (step {step - 1})" for step in sorted(after_checkpoint))
+        print(f"python -m trainer train, all timed steps with an async checkpoint every {checkpoint_interval} steps: "
+              f"{overall * 1000:.1f} ms/step; overhead ratio {overall / bare_s:.3f}; the checkpoints held training "
+              f"up {stalls}")
 
 
 def resume(steps: int) -> None:
@@ -239,17 +291,21 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3, help="overhead: alternating runs of each")
     parser.add_argument("--intervals", default="50,10", help="overhead: checkpoint intervals to measure, in steps")
     parser.add_argument("--glibc-defaults", action="store_true", help="bare: leave malloc as glibc sets it up")
+    parser.add_argument("--shape", type=json.loads, default=CPU_SHAPE,
+                        help="bare: model, seq, micro, global_batch, device, precision and compile, as JSON")
     parser.add_argument("--micro-batch", type=int, default=8, help="gpu: sequences per micro-batch")
     parser.add_argument("--global-batch", type=int, default=16, help="gpu: sequences per step")
+    parser.add_argument("--checkpoint-interval", type=int, default=10,
+                        help="gpu: steps between async checkpoints (10: two in the default 20 timed steps)")
     parser.add_argument("--smoke", action="store_true", help="gpu: the small model, to check the command anywhere")
     args = parser.parse_args()
     steps = args.steps or {"gpu": 30, "resume": 40}.get(args.which, 110)
     if args.which == "bare":
-        print(bare_loop(steps, args.glibc_defaults))
+        print(bare_loop(steps, args.shape, args.glibc_defaults))
     elif args.which == "overhead":
         overhead(steps, args.repeats, [int(i) for i in args.intervals.split(",")])
     elif args.which == "gpu":
-        gpu(steps, args.micro_batch, args.global_batch, args.smoke)
+        gpu(steps, args.micro_batch, args.global_batch, args.checkpoint_interval, args.smoke)
     elif args.which == "resume":
         resume(steps)
     else:

@@ -126,21 +126,24 @@ def pretrain(preset: str = "tiny-local", overrides: list[str] | None = None, sta
         return Cancelled(message=str(cancelled))  # a flow without a worker ends Cancelled too
     except Exception as exc:
         if "train" in (stages or STAGES):  # a run meant to train: say how far it got and why not
-            publish_run_summary(spec.name, _summary(spec, stage, f"failed: {exc}", getattr(exc, "metrics", None)))
+            publish_run_summary(spec.name, _summary(spec, stage, f"failed: {exc}", exc))
         raise
     if "train" in outputs:
         publish_run_summary(spec.name, _summary(spec, stage, "completed"))
     return outputs
 
 
-def _summary(spec: PretrainSpec, stage: StageTimer, outcome: str, failed_metrics: dict | None = None) -> RunSummary:
-    """``failed_metrics``: what a train stage that failed measured before it did."""
+def _summary(spec: PretrainSpec, stage: StageTimer, outcome: str, failure: BaseException | None = None) -> RunSummary:
+    """``failure``: what ended the run; a train stage that failed attaches what it measured
+    before it did (``metrics``) and its attempts' outcomes (``attempts``)."""
     train_result, precompiled = stage.outputs.get("train"), stage.outputs.get("precompile") or {}
     compiled = [{"stage": "precompile", **row} for row in precompiled.get("rows", [])]
     compiled += [{"stage": "train", **row} for row in (train_result or {}).get("compiled_during_training", [])]
-    jobs = [{"stage": job["name"].removeprefix(f"{spec.name}-"), "job_id": job["job_id"], "nodes": job["nodes"]}
-            for job in jobs_of_this_flow_run()]
+    attempts = train_result["attempts"] if train_result else getattr(failure, "attempts", None) or []
+    outcomes = {attempt["job"]: attempt["outcome"] for attempt in attempts}
+    jobs = [{"stage": job["name"].removeprefix(f"{spec.name}-"), "job_id": job["job_id"], "nodes": job["nodes"],
+             "outcome": outcomes.get(job["job_id"], "")} for job in jobs_of_this_flow_run()]
+    measured = train_result["metrics"] if train_result else getattr(failure, "metrics", None)
     return RunSummary(spec=spec.model_dump(mode="json"), outcome=outcome, code_version=manifest.code_version(),
                       packages=package_versions(), slurm_jobs=jobs, stage_seconds=stage.seconds,
-                      compile_graphs=compiled,
-                      **(train_result["metrics"] if train_result else failed_metrics or metrics_summary([])))
+                      compile_graphs=compiled, **(measured or metrics_summary([])))

@@ -300,6 +300,8 @@ class SlurmJob(TypedDict):
     job_id: str
     nodes: str
     """Slurm's node list, compressed as Slurm writes it (``node-[1-4]``)."""
+    outcome: str
+    """How the job ended, where its stage records it (the train stage's attempts), else ""."""
 
 
 class RunSummary(TypedDict):
@@ -396,9 +398,9 @@ def run_summary_markdown(summary: RunSummary) -> str:
         f"| code version | `{summary['code_version']}` |",
         "",
         "#### Slurm jobs",
-        "| stage | job id | nodes |",
-        "|---|---|---|",
-        *(f"| {j['stage']} | {j['job_id']} | {j['nodes']} |" for j in summary["slurm_jobs"]),
+        "| stage | job id | nodes | outcome |",
+        "|---|---|---|---|",
+        *(f"| {j['stage']} | {j['job_id']} | {j['nodes']} | {_one_line(j['outcome'])} |" for j in summary["slurm_jobs"]),
         "",
         "#### Compiled graphs",
         "| stage | node | compiled | from cache |",

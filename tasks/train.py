@@ -45,7 +45,9 @@ class TrainingFailed(RuntimeError):
     # The task's own loop has already spent backend.native.max_restarts on resubmissions; a
     # Prefect retry would spend the budget a second time.
     retryable = False
+    # For the run summary: what the run measured before it failed, and each attempt's outcome.
     metrics: dict[str, Any] | None = None
+    attempts: list[dict[str, Any]] | None = None
 
 
 class RunHung(RuntimeError):
@@ -156,12 +158,14 @@ def job_completed(outcome: str) -> bool:
 
 def run_attempts(spec: PretrainSpec, cluster: SlurmCluster, follower: MetricsFollower, max_restarts: int,
                  prepare: Callable[[int], JobRequest],
-                 finished: Callable[[str], bool] = job_completed) -> Attempts:
+                 finished: Callable[[str], bool] = job_completed,
+                 explain: Callable[[str], str] = str) -> Attempts:
     """Submit the training job, follow its metrics, and resubmit it when it dies, up to
     ``max_restarts`` times. ``prepare(attempt)`` readies the run directory and returns the request
     (the job layer adds the excluded nodes); ``finished(outcome)`` says whether the run is done,
-    ``outcome`` being :data:`COMPLETED` when the job ended well. Every backend's train task uses
-    this loop; each resumes from its own newest checkpoint."""
+    ``outcome`` being :data:`COMPLETED` when the job ended well; ``explain(outcome)`` is the
+    attempt's outcome as the history records it, in the trainer's words where it left any. Every
+    backend's train task uses this loop; each resumes from its own newest checkpoint."""
     logger = get_run_logger()
     attempts = Attempts()
     for attempt in range(max_restarts + 1):
@@ -185,22 +189,25 @@ def run_attempts(spec: PretrainSpec, cluster: SlurmCluster, follower: MetricsFol
                 attempts.excluded |= bad
             outcome = f"{failure.state}: {str(failure).splitlines()[0]}"
         except RunHung as hung:
-            outcome = f"hung: {hung}"
-            # run_job cancelled the job; its ranks may still be saving (SIGTERM) into the run directory
+            outcome = f"hung: {hung}"  # run_job has cancelled the job
+        if outcome != COMPLETED and submitted:
+            # Slurm records a cancelled, preempted or timed-out job as ended while its ranks still
+            # save a checkpoint into the run directory on the way out (SIGTERM): the next attempt
+            # must not start beside them, nor be judged by a record they have not yet written.
             lead = spec.backend.native.stop_signal_delay_s + 60
-            if submitted and not wait_gone(submitted[0], timeout_s=lead):
-                logger.warning("job %s is still listed %d s after its cancel; resubmitting anyway",
+            if not wait_gone(submitted[0], timeout_s=lead):
+                logger.warning("job %s is still listed %d s after it ended; resubmitting anyway",
                                submitted[0].job_id, lead)
         follower.read()
         job_id = submitted[0].job_id if submitted else None
         sacct = query_slurm_state(job_id) if job_id and executor_kind(cluster) == "slurm" else None
         attempts.history.append({"attempt": attempt + 1, "job": job_id,
-                                 "nodes": sacct.nodes if sacct else "", "outcome": outcome,
+                                 "nodes": sacct.nodes if sacct else "", "outcome": explain(outcome),
                                  "seconds": round(time.monotonic() - started, 1),
                                  "step": max(follower.stream.points, default=0)})
         if finished(outcome):
             break
-        logger.warning("train attempt %d ended without finishing (%s); %s", attempt + 1, outcome,
+        logger.warning("train attempt %d ended without finishing (%s); %s", attempt + 1, explain(outcome),
                        "resubmitting; the run resumes from its newest checkpoint" if attempt < max_restarts
                        else "no restarts left")
     return attempts
@@ -218,7 +225,7 @@ def finish_run(spec: PretrainSpec, follower: MetricsFollower, attempts: Attempts
         publish_loss_curve(spec.name, points)
     if not finished:
         failure = attempts.failure()
-        failure.metrics = metrics_summary(points)  # what the run measured before it failed, for its summary
+        failure.metrics, failure.attempts = metrics_summary(points), attempts.history
         raise failure
     return {**result, "attempts": attempts.history, "excluded_nodes": sorted(attempts.excluded),
             "metrics": metrics_summary(points), "skipped_log_lines": follower.stream.skipped,
@@ -250,9 +257,19 @@ def train(spec: PretrainSpec, dataset: str, data_dir: str, nodelist: list[str] |
     def record() -> dict[str, Any] | None:
         return json.loads(record_path.read_text()) if record_path.exists() else None
 
+    def explain(outcome: str) -> str:
+        # What the job's end does not say: torchrun forwards a stop signal, then exits 1 with its
+        # own SignalException whatever its ranks did, so Slurm says FAILED (exit code 1) for a
+        # run that saved a checkpoint and stopped as asked, ahead of its time limit say.
+        stopped = record() or {}
+        if stopped.get("status") != "stopped":
+            return outcome
+        return f"{outcome} -- the trainer stopped on {stopped['signal']} at step {stopped['step']} and saved a checkpoint"
+
     # A failed record ends the attempts too: a resubmission would meet the same failure.
     attempts = run_attempts(spec, cluster, follower, n.max_restarts, prepare,
-                            finished=lambda outcome: (record() or {}).get("status") in ("finished", "failed"))
+                            finished=lambda outcome: (record() or {}).get("status") in ("finished", "failed"),
+                            explain=explain)
     final = record() or {}
     if final.get("status") == "failed":
         attempts.reason = f"the trainer stopped: {final['reason']} (not resubmitted: a new attempt would meet it again)"

@@ -323,8 +323,11 @@ def a_summary(points: list[dict]) -> RunSummary:
         "outcome": "completed",
         "code_version": "git:0123456789abcdef0123456789abcdef01234567",
         "packages": package_versions(),
-        "slurm_jobs": [{"stage": "tokenize", "job_id": "41_0", "nodes": "node-1"},
-                       {"stage": "train", "job_id": "42", "nodes": "node-[1-4]"}],
+        "slurm_jobs": [{"stage": "tokenize", "job_id": "41_0", "nodes": "node-1", "outcome": ""},
+                       {"stage": "train", "job_id": "42", "nodes": "node-[1-4]",
+                        "outcome": "FAILED: exit code 1:0 -- the trainer stopped on SIGUSR2 at step 120 and saved a "
+                                   "checkpoint"},
+                       {"stage": "train", "job_id": "43", "nodes": "node-[1-4]", "outcome": "completed"}],
         "stage_seconds": {"tokenize": 812.4, "train": 7384.0},
         "compile_graphs": [{"stage": "precompile", "node": "node-1", "compiled": 24, "from cache": 0},
                            {"stage": "train", "node": "node-1", "compiled": 0, "from cache": 24},
@@ -357,7 +360,9 @@ def test_run_summary_markdown_reports_every_key():
     assert "| tokens/s | 1,003 |" in markdown and "| MFU | 40.0 % |" in markdown
     assert "| step time | 501.0 ms |" in markdown
     assert "`git:0123456789abcdef0123456789abcdef01234567`" in markdown
-    assert "| train | 42 | node-[1-4] |" in markdown and "| tokenize | 41_0 | node-1 |" in markdown
+    assert "| tokenize | 41_0 | node-1 |  |" in markdown and "| train | 43 | node-[1-4] | completed |" in markdown
+    assert ("| train | 42 | node-[1-4] | FAILED: exit code 1:0 -- the trainer stopped on SIGUSR2 at step 120 and "
+            "saved a checkpoint |") in markdown
     assert "| train | 7384.0 | 2:03:04 |" in markdown
     # what training still compiled after the precompile stage: 0, every graph from the cache
     assert "| train | node-1 | 0 | 24 |" in markdown and "| precompile | trn1-1 | 3 | not counted |" in markdown

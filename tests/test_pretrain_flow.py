@@ -85,11 +85,12 @@ def test_tiny_local_runs_every_stage_on_the_demo_corpus(executor, s3_endpoint, d
     timed = [line.split(" | ")[0].strip("| ") for line in durations.splitlines()[3:] if line]
     assert [name for name in timed if name != "precompile"] == ["fetch", "tokenize", "train"], durations
     # every job of the run, each stage's: the tokenize array and merge, the warm-up, training
-    jobs = [line.split(" | ")[:2] for line in summary.split("#### Slurm jobs")[1].split("####")[0].splitlines()[3:] if line]
+    rows = [line for line in summary.split("#### Slurm jobs")[1].split("####")[0].splitlines()[3:] if line]
+    jobs = [line.split(" | ")[:2] for line in rows]
     stages = [stage.strip("| ") for stage, _ in jobs]
     assert stages == ["tokenize-0-of-2", "tokenize-1-of-2", "tokenize-merge",
                       *(["precompile"] if executor == "slurm" else []), "train"], summary
-    assert jobs[-1][1] == trained["attempts"][0]["job"]
+    assert jobs[-1][1] == trained["attempts"][0]["job"] and rows[-1].endswith(" | completed |"), rows
     if executor == "slurm":  # the precompile warm-up ran on the node training then used
         compiled = json.loads(artifacts["tiny-local-precompile"].data)
         assert compiled and compiled[0]["compiled"] > 0

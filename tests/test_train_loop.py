@@ -817,6 +817,40 @@ def test_a_marker_that_cannot_be_written_fails_the_checkpoint_with_the_reason(tm
     assert complete_steps(tmp_path / "ckpt") == [1]
 
 
+STAGED = """
+import sys, torch, torch.distributed as dist, torch.distributed.checkpoint as dcp
+from pathlib import Path
+from trainer.train.checkpoint import Checkpointer, step_dir
+from trainer.train.config import CheckpointConfig
+from trainer.train.device import checkpoint_staging
+
+dist.init_process_group("gloo", init_method=f"file://{sys.argv[2]}", rank=0, world_size=1)
+root = Path(sys.argv[1])
+checkpointer = Checkpointer(CheckpointConfig(dir=str(root)), rank=0, staging=checkpoint_staging(torch.device("cpu")))
+weights = torch.zeros(256, 2**20)  # 1 GiB: its copy outlasts save(), so a change lands midway unless waited for
+for step in (1, 2):
+    checkpointer.save({"w": weights}, step=step)
+    checkpointer.wait_for_staging()  # what the trainer does before its optimizer step
+    weights.add_(1)  # the optimizer step, while the checkpoint is still being written
+checkpointer.close()
+for step in (1, 2):
+    saved = {"w": torch.empty_like(weights)}
+    dcp.load(saved, checkpoint_id=str(step_dir(root, step)))
+    print(step, saved["w"].min().item(), saved["w"].max().item())
+"""
+
+
+def test_a_background_checkpoint_holds_the_state_of_its_step_while_training_goes_on(tmp_path):
+    """A background write copies the state first, off the training thread, into buffers it keeps
+    from one save to the next; once the trainer has waited for that copy (before its optimizer
+    step), changing the weights does not reach the checkpoint, the second save's neither."""
+    out = subprocess.run([sys.executable, "-c", STAGED, str(tmp_path / "ckpt"), str(tmp_path / "rdzv")],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.split("\n")[:2] == ["1 0.0 0.0", "2 1.0 1.0"], out.stdout
+    assert complete_steps(tmp_path / "ckpt") == [1, 2]
+
+
 def test_learning_rate_schedule_warms_up_then_decays_to_min_lr():
     """Megatron's schedule: linear warm-up to lr, then cosine or linear decay to min_lr at the last step."""
     import math

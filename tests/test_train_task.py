@@ -223,6 +223,11 @@ def test_scancel_mid_run_resubmits_and_resumes(corpus, tmp_path, clean_queue):
     (stopped,) = events(records, "stopped")
     assert stopped["signal"] == "SIGTERM" and stopped["step"] >= fault.at_step
     assert result["resumed_from"] == stopped["step"] == first["step"]
+    assert first["outcome"].endswith(f" -- the trainer stopped on SIGTERM at step {stopped['step']} and saved a "
+                                     "checkpoint"), first
+    # Slurm calls the job CANCELLED at once; the next one was submitted only once its ranks had
+    # saved and gone, not beside them in the same run directory.
+    assert submitted_at(last["job"]) >= int(stopped["time"]), (submitted_at(last["job"]), stopped["time"])
 
 
 def test_scontrol_requeue_restarts_the_same_job_which_resumes(corpus, tmp_path, clean_queue):
@@ -286,9 +291,12 @@ def test_time_limit_stops_the_trainer_with_usr2_and_the_next_job_resumes(corpus,
     assert [a["step"] for a in attempts[:-1]] == [s["step"] for s in stopped]
     # torchrun got USR2 as well (Slurm signals every process of the step): it forwards it, waits
     # for the ranks, then ends with its own SignalException, exit 1 -- so Slurm records FAILED,
-    # not TIMEOUT, and the trainer's exit 3 does not reach the job layer.
-    for attempt in attempts[:-1]:
-        assert attempt["outcome"].startswith("FAILED: ") and "exit code 1:0" in attempt["outcome"]
+    # not TIMEOUT, and the trainer's exit 3 does not reach the job layer. The history says what
+    # the trainer did after Slurm's record.
+    for attempt, stop in zip(attempts[:-1], stopped):
+        assert attempt["outcome"].startswith("FAILED: ") and "exit code 1:0" in attempt["outcome"], attempt
+        assert attempt["outcome"].endswith(f" -- the trainer stopped on SIGUSR2 at step {stop['step']} and saved a "
+                                           "checkpoint"), attempt
     assert_nothing_left(f"{name}-train", run_dir / "train.json")
 
 
@@ -307,7 +315,7 @@ def test_killed_rank_fails_the_job_and_the_run_resumes_from_its_checkpoint(corpu
     assert first["job"] == fault.job_id and first["outcome"].startswith("FAILED: ")
     assert "exit code 1:0" in first["outcome"]
     # No clean stop: the steps after the last periodic checkpoint were dropped and trained again.
-    assert events(records, "stopped") == []
+    assert events(records, "stopped") == [] and "the trainer stopped" not in first["outcome"]
     assert result["resumed_from"] % INTERVAL == 0 and result["resumed_from"] <= fault.at_step <= first["step"]
 
 

@@ -15,6 +15,7 @@ import os
 import re
 import shutil
 import zlib
+from concurrent import futures
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -23,7 +24,9 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
+from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.checkpoint.state_dict_saver import AsyncSaveResponse
 from torch.distributed.checkpoint.stateful import Stateful
 
 from trainer.train.config import CheckpointConfig
@@ -124,11 +127,16 @@ def _raise_first(results: list[tuple[Any, str | None]]) -> None:
 
 
 class Checkpointer:
-    def __init__(self, cfg: CheckpointConfig, rank: int):
+    def __init__(self, cfg: CheckpointConfig, rank: int, staging: StagingOptions | None = None):
+        """``staging``: how background writes copy the state first (device.checkpoint_staging);
+        DCP's default, a synchronous fresh copy each save, when not given."""
         self.cfg, self.rank = cfg, rank
         self.root = Path(cfg.dir).expanduser()
         self.pending: Future | None = None
         self.pending_step: int | None = None
+        self.staging: Future | None = None
+        # One stager for the run: it keeps its host buffers from one save to the next.
+        self.stager = DefaultStager(staging) if cfg.async_save and staging is not None else None
         # Background writes run their collectives on their own group, never interleaved with
         # the training step's collectives on the default one.
         self.group = dist.new_group(backend="gloo") if cfg.async_save else None
@@ -170,9 +178,18 @@ class Checkpointer:
                 raise self._failed(step, exc) from exc
             self._finish(step)
             return
-        write = dcp.async_save(state, checkpoint_id=str(path), process_group=self.group)
+        write = dcp.async_save(state, checkpoint_id=str(path), process_group=self.group, async_stager=self.stager)
+        if isinstance(write, AsyncSaveResponse):  # the copy is being taken in the background
+            self.staging, write = write.staging_completion, write.upload_completion
         self.pending = self.sealer.submit(self._seal, write, step)
         self.pending_step = step
+
+    def wait_for_staging(self) -> None:
+        """Before the optimizer changes weights and state in place: the copy a background write
+        is taking of them must be complete (a failed copy fails the write, reported by wait)."""
+        if self.staging is not None:
+            staging, self.staging = self.staging, None
+            futures.wait([staging])
 
     def _seal(self, write: Future, step: int) -> None:
         write.result()
@@ -183,7 +200,7 @@ class Checkpointer:
         if self.pending is None:
             return
         future, step = self.pending, self.pending_step
-        self.pending = self.pending_step = None
+        self.pending = self.pending_step = self.staging = None
         try:
             future.result()
         except _FAILED as exc:
@@ -235,3 +252,5 @@ class Checkpointer:
         finally:
             if self.sealer is not None:
                 self.sealer.shutdown()
+            if self.stager is not None:
+                self.stager.close()

@@ -116,7 +116,7 @@ class Trainer:
         self.dp_rank, self.dp_size = dp_rank, dp_size
 
         self.step = self.nan_in_a_row = self.nan_total = 0
-        self.checkpointer = Checkpointer(cfg.checkpoint, self.rank)
+        self.checkpointer = Checkpointer(cfg.checkpoint, self.rank, devices.checkpoint_staging(self.device))
         self.resumed_from = self._resume()
         self.metrics = MetricsWriter(cfg.metrics, rank=self.rank, train_steps=cfg.steps, resume_step=self.step)
         m = cfg.model
@@ -175,6 +175,7 @@ class Trainer:
         norm = clip_gradients(self.params, self.cfg.optim.grad_clip)
         finite = torch.isfinite(torch.tensor(loss_value)) and torch.isfinite(norm)
         if finite:
+            self.checkpointer.wait_for_staging()
             self.optimizer.step()
             self.scheduler.step()
             self.nan_in_a_row = 0
