@@ -158,9 +158,17 @@ def test_requeued_job_runs_again_and_succeeds(local_stack, shared_dir):
 def test_a_job_preempted_on_spot_capacity_fails_the_wait_as_preempted(local_stack, shared_dir):
     # A program that does not stop on SIGTERM is killed at the end of the grace time, and Slurm
     # then keeps reporting PREEMPTED for a job that will not run again: the wait must end.
-    job = submit(JobRequest("spot-victim", bash("trap '' TERM; sleep 300 & wait; wait"), time_limit_min=5),
+    ignoring = shared_dir / "ignoring-term"
+    job = submit(JobRequest("spot-victim", bash(f"trap '' TERM; touch {ignoring}; sleep 300 & wait; wait"),
+                            time_limit_min=5),
                  SlurmCluster(executor="slurm", partition="spot"), shared_dir)
     wait_running(job)
+    # Preempted before the program is up, the job dies of the SIGTERM at once and Slurm records
+    # FAILED (exit 15), not PREEMPTED: preempt only once the program ignores SIGTERM.
+    deadline = time.monotonic() + 60
+    while not ignoring.exists():
+        assert time.monotonic() < deadline, "the job's program did not start"
+        time.sleep(0.2)
     preempt_node()
     with pytest.raises(SlurmJobFailed) as info:
         wait(job, "spot-victim", poll_s=0.5, max_wait_s=120)
