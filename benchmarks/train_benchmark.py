@@ -25,8 +25,8 @@ an H100 hold them without activation checkpointing), no evaluation, async checkp
 steps 10 and 20 and the final one (~18 GB each: ``TMPDIR=/dev/shm`` keeps them off a slow disk);
 prints the trainer's own tokens/s, MFU (from the device's dense bf16 peak) and step time, medians
 after warm-up (target MFU >= 45 % on one H100); then a bare loop of the same shape on the same
-device, and the trainer's overhead ratio over it (target <= 1.05) without and with the checkpoints. Needs the trainer's dependencies beside a CUDA
-PyTorch (megatron-core for the dataset). ``--smoke`` runs the same path with the small overhead
+device, and the trainer's overhead ratio over it (target <= 1.05) without and with the
+checkpoints. Needs the trainer's dependencies beside a CUDA PyTorch (megatron-core for the dataset). ``--smoke`` runs the same path with the small overhead
 model on whatever device there is, to check the command.
 
 resume: not a timing but the check that belongs beside it on a lent accelerator, which the suite

@@ -201,13 +201,14 @@ def run_attempts(spec: PretrainSpec, cluster: SlurmCluster, follower: MetricsFol
         follower.read()
         job_id = submitted[0].job_id if submitted else None
         sacct = query_slurm_state(job_id) if job_id and executor_kind(cluster) == "slurm" else None
+        described = explain(outcome)  # reads what the trainer left: once per attempt
         attempts.history.append({"attempt": attempt + 1, "job": job_id,
-                                 "nodes": sacct.nodes if sacct else "", "outcome": explain(outcome),
+                                 "nodes": sacct.nodes if sacct else "", "outcome": described,
                                  "seconds": round(time.monotonic() - started, 1),
                                  "step": max(follower.stream.points, default=0)})
         if finished(outcome):
             break
-        logger.warning("train attempt %d ended without finishing (%s); %s", attempt + 1, explain(outcome),
+        logger.warning("train attempt %d ended without finishing (%s); %s", attempt + 1, described,
                        "resubmitting; the run resumes from its newest checkpoint" if attempt < max_restarts
                        else "no restarts left")
     return attempts

@@ -792,10 +792,12 @@ import sys, torch, torch.distributed as dist, torch.distributed.checkpoint as dc
 from pathlib import Path
 from trainer.train.checkpoint import MARKER, Checkpointer, CheckpointError, step_dir
 from trainer.train.config import CheckpointConfig
+from trainer.train.device import checkpoint_staging
 
 dist.init_process_group("gloo", init_method=f"file://{sys.argv[2]}", rank=0, world_size=1)
 root = Path(sys.argv[1])
-checkpointer = Checkpointer(CheckpointConfig(dir=str(root), async_save=False), rank=0)
+checkpointer = Checkpointer(CheckpointConfig(dir=str(root), async_save=False), rank=0,
+                            staging=checkpoint_staging(torch.device("cpu")))
 checkpointer.save({"w": torch.ones(4)}, step=1)
 dcp.save({"w": torch.ones(4)}, checkpoint_id=str(step_dir(root, 2)))
 (step_dir(root, 2) / f".{MARKER}.tmp").mkdir()  # the marker cannot be written: a real OSError

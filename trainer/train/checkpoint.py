@@ -127,16 +127,15 @@ def _raise_first(results: list[tuple[Any, str | None]]) -> None:
 
 
 class Checkpointer:
-    def __init__(self, cfg: CheckpointConfig, rank: int, staging: StagingOptions | None = None):
-        """``staging``: how background writes copy the state first (device.checkpoint_staging);
-        DCP's default, a synchronous fresh copy each save, when not given."""
+    def __init__(self, cfg: CheckpointConfig, rank: int, staging: StagingOptions):
+        """``staging``: how background writes copy the state first (device.checkpoint_staging)."""
         self.cfg, self.rank = cfg, rank
         self.root = Path(cfg.dir).expanduser()
         self.pending: Future | None = None
         self.pending_step: int | None = None
         self.staging: Future | None = None
         # One stager for the run: it keeps its host buffers from one save to the next.
-        self.stager = DefaultStager(staging) if cfg.async_save and staging is not None else None
+        self.stager = DefaultStager(staging) if cfg.async_save else None
         # Background writes run their collectives on their own group, never interleaved with
         # the training step's collectives on the default one.
         self.group = dist.new_group(backend="gloo") if cfg.async_save else None
