@@ -216,8 +216,8 @@ def gpu(steps: int, micro: int, global_batch: int, checkpoint_interval: int, smo
     """The trainer's throughput and MFU on one accelerator, medians of the steps after warm-up;
     then a bare loop of the same shape on the same device, for the trainer's overhead there:
     once over the steps without a checkpoint, once over all timed steps, which include what the
-    asynchronous checkpoints every ``checkpoint_interval`` steps held training up (the first of
-    a run also allocates the host buffers the later ones reuse). One checkpoint is kept, so
+    asynchronous checkpoints every ``checkpoint_interval`` steps held training up (a checkpoint
+    taken before the previous one is written and sealed waits for it). One checkpoint is kept, so
     that two of the 1.5B model's (~18 GB each) fit a GPU machine's /dev/shm."""
     model, seq = (MODEL, SEQ) if smoke else (LLAMA_1B, 2048)
     with tempfile.TemporaryDirectory() as tmp:

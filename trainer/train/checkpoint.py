@@ -134,8 +134,7 @@ class Checkpointer:
         self.pending: Future | None = None
         self.pending_step: int | None = None
         self.staging: Future | None = None
-        # One stager for the run: it keeps its host buffers from one save to the next.
-        self.stager = DefaultStager(staging) if cfg.async_save else None
+        self.staging_options = staging
         # Background writes run their collectives on their own group, never interleaved with
         # the training step's collectives on the default one.
         self.group = dist.new_group(backend="gloo") if cfg.async_save else None
@@ -177,10 +176,13 @@ class Checkpointer:
                 raise self._failed(step, exc) from exc
             self._finish(step)
             return
-        write = dcp.async_save(state, checkpoint_id=str(path), process_group=self.group, async_stager=self.stager)
+        # A stager per save: torch 2.11's DefaultStager empties itself after staging once (its
+        # second save fails with KeyError: <class 'type'>, seen on an H100), so none is reused.
+        stager = DefaultStager(self.staging_options)
+        write = dcp.async_save(state, checkpoint_id=str(path), process_group=self.group, async_stager=stager)
         if isinstance(write, AsyncSaveResponse):  # the copy is being taken in the background
             self.staging, write = write.staging_completion, write.upload_completion
-        self.pending = self.sealer.submit(self._seal, write, step)
+        self.pending = self.sealer.submit(self._seal, write, stager, step)
         self.pending_step = step
 
     def wait_for_staging(self) -> None:
@@ -190,8 +192,11 @@ class Checkpointer:
             staging, self.staging = self.staging, None
             futures.wait([staging])
 
-    def _seal(self, write: Future, step: int) -> None:
-        write.result()
+    def _seal(self, write: Future, stager: DefaultStager, step: int) -> None:
+        try:
+            write.result()
+        finally:
+            stager.close()  # its staging thread; the copy is freed with the last reference to it
         self._finish(step)
 
     def wait(self) -> None:
@@ -214,7 +219,8 @@ class Checkpointer:
     def _failed(self, step: int, exc: BaseException) -> CheckpointError:
         previous = self.latest()
         kept = f"the previous checkpoint step {previous} is intact" if previous is not None else "no earlier checkpoint exists"
-        return CheckpointError(f"writing checkpoint step {step} to {step_dir(self.root, step)} failed: {exc}; {kept}")
+        return CheckpointError(f"writing checkpoint step {step} to {step_dir(self.root, step)} failed: "
+                               f"{type(exc).__name__}: {exc}; {kept}")
 
     def _finish(self, step: int) -> None:
         """Seal a written checkpoint: each rank records the size and CRC32 of its share of the
@@ -251,5 +257,3 @@ class Checkpointer:
         finally:
             if self.sealer is not None:
                 self.sealer.shutdown()
-            if self.stager is not None:
-                self.stager.close()
