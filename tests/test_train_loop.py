@@ -815,7 +815,8 @@ def test_a_marker_that_cannot_be_written_fails_the_checkpoint_with_the_reason(tm
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-3000:]
     assert (f"refused: writing checkpoint step 2 to {step_dir(tmp_path / 'ckpt', 2)} failed: "
-            "IsADirectoryError: [Errno 21] Is a directory" in out.stdout) and "the previous checkpoint step 1 is intact" in out.stdout, out.stdout
+            "IsADirectoryError: [Errno 21] Is a directory" in out.stdout
+            and "the previous checkpoint step 1 is intact" in out.stdout), out.stdout
     assert complete_steps(tmp_path / "ckpt") == [1]
 
 
