@@ -15,6 +15,7 @@ import argparse
 import os
 import socket
 import sys
+from typing import NoReturn
 
 from trainer import records
 from trainer.train import device as devices
@@ -34,7 +35,18 @@ def failed(exc: Exception, record: str | None, status: int) -> int:
     return status
 
 
-def main(argv: list[str]) -> int:
+def main(argv: list[str]) -> NoReturn:
+    status = run(argv)
+    # The run is over and everything it writes is closed: leave without the interpreter's
+    # teardown, where torch's C++ objects are destroyed: there, rarely, a rank of a finished run
+    # aborted ("terminate called without an active exception", rank 1 of two on gloo, once in CI),
+    # and torchrun reported the finished run as failed.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)
+
+
+def run(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m trainer train")
     parser.add_argument("--config", required=True, help="the trainer config (JSON) rendered from the spec")
     parser.add_argument("--record", help="write the final record (JSON) here when the run ends")
