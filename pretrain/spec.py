@@ -15,6 +15,15 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from trainer.nxdt_layout import LayoutError, NxdtLayout
 
 
+def check_attention_shape(hidden_size: int, heads: int, kv_heads: int) -> None:
+    """The head counts a model's attention can be built from, named as the spec and the
+    trainer's config both name them."""
+    if hidden_size % heads:
+        raise ValueError(f"model.hidden_size={hidden_size} is not divisible by model.num_attention_heads={heads}")
+    if heads % kv_heads:
+        raise ValueError(f"model.num_kv_heads={kv_heads} must divide model.num_attention_heads={heads}")
+
+
 class Strict(BaseModel):
     """A typo'd field is an error that names it, not a silently ignored key."""
 
@@ -137,12 +146,7 @@ class ModelSpec(Strict):
 
     @model_validator(mode="after")
     def _shape(self) -> ModelSpec:
-        if self.hidden_size % self.num_attention_heads:
-            raise ValueError(f"model.hidden_size={self.hidden_size} is not divisible by "
-                             f"model.num_attention_heads={self.num_attention_heads}")
-        if self.num_attention_heads % self.kv_heads:
-            raise ValueError(f"model.num_kv_heads={self.kv_heads} must divide "
-                             f"model.num_attention_heads={self.num_attention_heads}")
+        check_attention_shape(self.hidden_size, self.num_attention_heads, self.kv_heads)
         if self.seq_length > self.max_position_embeddings:
             raise ValueError(f"model.seq_length={self.seq_length} exceeds "
                              f"model.max_position_embeddings={self.max_position_embeddings}")

@@ -60,6 +60,13 @@ def test_heads_not_divisible_by_tp():
     assert "[1, 2, 4, 8, 16, 32, 64]" in message
 
 
+def test_attention_heads_that_do_not_fit_the_hidden_size():
+    assert "model.hidden_size=130 is not divisible by model.num_attention_heads=4" in rejected(
+        "tiny-local", "model.hidden_size=130")
+    assert "model.num_kv_heads=3 must divide model.num_attention_heads=4" in rejected(
+        "tiny-local", "model.num_kv_heads=3")
+
+
 def test_global_batch_not_divisible_by_micro_batch_times_dp():
     message = rejected("gpt3-7.5b-gpu", "training.global_batch_size=289")
     assert "training.global_batch_size=289" in message and "micro_batch_size x dp" in message

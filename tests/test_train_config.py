@@ -72,6 +72,16 @@ def test_a_value_of_the_wrong_type_names_the_field_and_the_type(tmp_path, sectio
     assert str(raised.value) == f'{tmp_path / "train.json"}: {message}'
 
 
+@pytest.mark.parametrize("values, message", [
+    ({"hidden_size": 66}, "model.hidden_size=66 is not divisible by model.num_attention_heads=4"),
+    ({"num_kv_heads": 3}, "model.num_kv_heads=3 must divide model.num_attention_heads=4"),
+])
+def test_heads_that_do_not_fit_the_model_are_named(tmp_path, values, message):
+    with pytest.raises(ValueError) as raised:
+        load(tmp_path, "model", **values)
+    assert str(raised.value) == f'{tmp_path / "train.json"}: model: {message}'
+
+
 def test_a_missing_field_is_named_as_missing(tmp_path):
     cfg = copy.deepcopy(VALID)
     del cfg["optim"]["lr"]

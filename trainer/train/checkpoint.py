@@ -179,7 +179,11 @@ class Checkpointer:
         # A stager per save: torch 2.11's DefaultStager empties itself after staging once (its
         # second save fails with KeyError: <class 'type'>, seen on an H100), so none is reused.
         stager = DefaultStager(self.staging_options)
-        write = dcp.async_save(state, checkpoint_id=str(path), process_group=self.group, async_stager=stager)
+        try:
+            write = dcp.async_save(state, checkpoint_id=str(path), process_group=self.group, async_stager=stager)
+        except _FAILED as exc:  # the state could not be taken: no write began to close the stager after
+            stager.close()
+            raise self._failed(step, exc) from exc
         if isinstance(write, AsyncSaveResponse):  # the copy is being taken in the background
             self.staging, write = write.staging_completion, write.upload_completion
         self.pending = self.sealer.submit(self._seal, write, stager, step)

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from pretrain.spec import check_attention_shape
 from trainer.train.data import DataConfig
 from trainer.train.metrics import MetricsConfig
 
@@ -37,12 +38,7 @@ class ModelConfig:
     """A Hugging Face checkpoint directory (config.json + safetensors) to continue pre-training from."""
 
     def __post_init__(self) -> None:
-        if self.hidden_size % self.num_attention_heads:
-            raise ValueError(f"model.hidden_size={self.hidden_size} is not divisible by "
-                             f"model.num_attention_heads={self.num_attention_heads}")
-        if self.num_attention_heads % self.kv_heads:
-            raise ValueError(f"model.num_kv_heads={self.kv_heads} must divide "
-                             f"model.num_attention_heads={self.num_attention_heads}")
+        check_attention_shape(self.hidden_size, self.num_attention_heads, self.kv_heads)
         if self.family == "gpt" and self.kv_heads != self.num_attention_heads:
             raise ValueError("model.num_kv_heads applies to family=llama only; GPT-2 has no grouped-query attention")
 
