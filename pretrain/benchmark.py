@@ -46,6 +46,11 @@ RULES: dict[str, Rule] = {
     "final_loss": Rule(higher_is_better=False, relative=0.02),
     # Graphs the training run compiled although precompile ran: the cache stopped covering it.
     "graphs_compiled_in_training": Rule(higher_is_better=False, relative=0.0, absolute=0.5, unit="graphs"),
+    # The same code traces the same graphs whether the cache is warm or not (so the counts of
+    # graphs compiled and served from the cache are not compared): a new graph break splits a
+    # graph that was whole, and a graph that fails to compile runs uncompiled or not at all.
+    "graph_breaks": Rule(higher_is_better=False, relative=0.0, absolute=0.5, unit="breaks"),
+    "graphs_failed_in_precompile": Rule(higher_is_better=False, relative=0.0, absolute=0.5, unit="graphs"),
 }
 # Stage durations: queueing and cached stages make short ones noisy, hence the absolute floor.
 STAGE_RULE = Rule(higher_is_better=False, relative=0.25, absolute=20.0, unit="s")
@@ -112,6 +117,8 @@ def record_from_run(spec: dict[str, Any], flow_run_id: str, train: dict[str, Any
         compiled = [row["compiled"] for row in train["compiled_during_training"]]
         # None: a compiler whose cache torch does not count (Neuron's); no number to compare.
         metrics["graphs_compiled_in_training"] = None if None in compiled else sum(compiled)
+        metrics["graph_breaks"] = graphs.get("graph breaks")  # torch.compile's count; Neuron's has none
+        metrics["graphs_failed_in_precompile"] = graphs.get("failed")
     metrics.update({f"{STAGE_PREFIX}{stage}": seconds for stage, seconds in stage_seconds.items()
                     if stage not in reused})
     return BenchmarkRecord(spec_name=spec["name"], fingerprint=config_fingerprint(spec), flow_run_id=flow_run_id,

@@ -134,12 +134,33 @@ def test_fingerprint_ignores_where_outputs_go_but_not_what_runs():
 def test_record_from_run_collects_metrics_graphs_and_stage_times():
     train = {"metrics": {"tokens_per_s": 9000.0, "step_time_ms": 220.0, "mfu_pct": None, "final_loss": 4.7},
              "compiled_during_training": [{"node": "vm", "compiled": 0}, {"node": "vm2", "compiled": 2}]}
-    precompile = {"nodes": ["vm"], "graphs": {"graphs traced": 2, "compiled": 3, "from cache": 0, "failed": 0}}
+    precompile = {"nodes": ["vm"], "graphs": {"graphs traced": 2, "graph breaks": 1, "compiled": 3, "from cache": 0,
+                                              "failed": 0}}
     record = record_from_run({"name": "tiny-local", "paths": {}}, "run-1", train, {"fetch": 1.5, "train": 90.0},
                              precompile)
     assert record.metrics == {"tokens_per_s": 9000.0, "step_time_ms": 220.0, "mfu_pct": None, "final_loss": 4.7,
-                              "graphs_compiled_in_training": 2, "stage_s:fetch": 1.5, "stage_s:train": 90.0}
+                              "graphs_compiled_in_training": 2, "graph_breaks": 1, "graphs_failed_in_precompile": 0,
+                              "stage_s:fetch": 1.5, "stage_s:train": 90.0}
     assert record.graphs["compiled"] == 3 and record.code_version
+
+
+def test_a_new_graph_break_or_a_failed_graph_regresses_but_a_cold_cache_does_not():
+    """The precompile counts a change of code can worsen are judged; whether the compile cache
+    was warm (graphs compiled against served from it) is not a regression."""
+    train = {"metrics": {"tokens_per_s": 9000.0, "step_time_ms": 220.0, "mfu_pct": None, "final_loss": 4.7},
+             "compiled_during_training": [{"node": "vm", "compiled": 0}]}
+
+    def run(breaks: int, failed: int, compiled: int) -> BenchmarkRecord:
+        graphs = {"graphs traced": 4, "graph breaks": breaks, "compiled": compiled, "from cache": 4 - compiled,
+                  "failed": failed}
+        return record_from_run({"name": "tiny-local", "paths": {}}, "run", train, {},
+                               {"nodes": ["vm"], "graphs": graphs})
+
+    base = run(breaks=1, failed=0, compiled=0).values()
+    assert not [c for c in compare(run(breaks=1, failed=0, compiled=4), base) if c.regressed]
+    regressed = {c.metric: c.describe() for c in compare(run(breaks=2, failed=1, compiled=0), base) if c.regressed}
+    assert set(regressed) == {"graph_breaks", "graphs_failed_in_precompile"}
+    assert regressed["graph_breaks"].startswith("graph_breaks 2 breaks against a baseline of 1 breaks")
 
 
 @pytest.mark.parametrize("where", ["file", "s3"])
