@@ -79,7 +79,7 @@ def test_a_value_of_the_wrong_type_names_the_field_and_the_type(tmp_path, sectio
 def test_heads_that_do_not_fit_the_model_are_named(tmp_path, values, message):
     with pytest.raises(ValueError) as raised:
         load(tmp_path, "model", **values)
-    assert str(raised.value) == f'{tmp_path / "train.json"}: model: {message}'
+    assert str(raised.value) == f'{tmp_path / "train.json"}: {message}'
 
 
 def test_a_missing_field_is_named_as_missing(tmp_path):

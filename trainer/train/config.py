@@ -169,8 +169,8 @@ def _build(cls: type, raw: Any, file: str, path: str = "") -> Any:
               for name, value in raw.items()}
     try:
         return cls(**kwargs)
-    except ValueError as exc:
-        raise ValueError(f"{where}: {exc}") from None
+    except ValueError as exc:  # each component's own checks name their dotted fields already
+        raise ValueError(f"{file}: {exc}") from None
 
 
 def _value(hint: Any, value: Any, file: str, path: str) -> Any:
