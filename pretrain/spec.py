@@ -12,16 +12,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from trainer.model_shape import check_attention_shape
 from trainer.nxdt_layout import LayoutError, NxdtLayout
-
-
-def check_attention_shape(hidden_size: int, heads: int, kv_heads: int) -> None:
-    """The head counts a model's attention can be built from, named as the spec and the
-    trainer's config both name them."""
-    if hidden_size % heads:
-        raise ValueError(f"model.hidden_size={hidden_size} is not divisible by model.num_attention_heads={heads}")
-    if heads % kv_heads:
-        raise ValueError(f"model.num_kv_heads={kv_heads} must divide model.num_attention_heads={heads}")
 
 
 class Strict(BaseModel):

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import copy
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -96,3 +98,14 @@ def test_integers_are_numbers_and_lists_are_tuples(tmp_path):
     assert (cfg.optim.lr, cfg.optim.min_lr, cfg.optim.betas) == (1.0, 0.0, (1.0, 0.95))
     assert type(cfg.optim.lr) is float and type(cfg.optim.betas[0]) is float
     assert load(tmp_path, "model", num_kv_heads=None, rope_scaling={"factor": 8}).model.kv_heads == 4
+
+
+@pytest.mark.parametrize("program", ["trainer.tokenize", "trainer.convert", "trainer.train.main"])
+def test_node_programs_import_neither_prefect_nor_pydantic(program):
+    """What a node needs to run them: no Prefect (they run the same by hand as under the
+    pipeline), and no pydantic either (the GPU benchmark's instructions add only three wheels to
+    an image's torch and transformers)."""
+    code = f"import sys, {program}; print(sorted(m for m in ('prefect', 'pydantic') if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "[]", f"{program} imports {out.stdout.strip()}"

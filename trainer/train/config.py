@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from pretrain.spec import check_attention_shape
+from trainer.model_shape import check_attention_shape
 from trainer.train.data import DataConfig
 from trainer.train.metrics import MetricsConfig
 
