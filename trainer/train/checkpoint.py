@@ -181,7 +181,9 @@ class Checkpointer:
         stager = DefaultStager(self.staging_options)
         try:
             write = dcp.async_save(state, checkpoint_id=str(path), process_group=self.group, async_stager=stager)
-        except _FAILED as exc:  # the state could not be taken: no write began to close the stager after
+        except _FAILED as exc:
+            # No write began, so no seal will close the stager (and stop its thread, had the
+            # copy started before the failure).
             stager.close()
             raise self._failed(step, exc) from exc
         if isinstance(write, AsyncSaveResponse):  # the copy is being taken in the background
