@@ -17,8 +17,8 @@ import time
 from pathlib import Path
 
 from blocks.cluster import SlurmCluster
-from pretrain.command import Command
-from tasks.slurm import JobRequest, SlurmJobFailed, run_array
+from jobs.node import Command
+from jobs.slurm import JobRequest, SlurmJobFailed, run_array
 
 
 def timed_shards(corpus: Path, tokenizer: Path, out: Path, shards: int, cpus: int) -> float:

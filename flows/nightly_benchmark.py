@@ -21,7 +21,7 @@ from pretrain import manifest
 from pretrain.benchmark import check_thresholds, record_from_run
 from pretrain.presets import load_spec
 from tasks.benchmark import history_for, judge
-from tasks.slurm import FlowRunCancelled
+from jobs.slurm import FlowRunCancelled
 
 
 class BenchmarkRegression(RuntimeError):

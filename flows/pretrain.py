@@ -26,8 +26,8 @@ from pretrain.spec import PretrainSpec
 from tasks.convert import convert
 from tasks.fetch import fetch
 from tasks.precompile import precompile_native, precompile_neuron
-from tasks.render import publish_rendered
-from tasks.slurm import FlowRunCancelled, jobs_of_this_flow_run, raise_if_cancelled
+from tasks.dry_run import publish_rendered
+from jobs.slurm import FlowRunCancelled, jobs_of_this_flow_run, raise_if_cancelled
 from tasks.tokenize import tokenize
 from tasks.train import train
 from tasks.train_artifacts import publish_run_summary

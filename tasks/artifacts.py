@@ -1,9 +1,12 @@
 """Helpers every stage task shares: artifact keys that are stable per spec and stage, so the
-Prefect UI keeps each one's history, and the retry condition."""
+Prefect UI keeps each one's history; the retry condition; the rows of the compile-graph tables
+that precompile and train publish."""
 
 from __future__ import annotations
 
+import json
 import re
+from pathlib import Path
 
 
 def artifact_key(spec_name: str, stage: str) -> str:
@@ -17,3 +20,21 @@ def retryable(task, task_run, state) -> bool:
     (``retryable = False`` on the exception: bad input, a missing earlier output)."""
     exc = state.result(raise_on_failure=False)
     return getattr(exc, "retryable", True)
+
+
+def native_compile_rows(record_path: Path) -> list[dict]:
+    """One row per node from the trainer's per-node compile records (``<record>.compile-<host>.json``)."""
+    rows = []
+    for path in sorted(record_path.parent.glob(f"{record_path.name}.compile-*.json")):
+        counts = json.loads(path.read_text())
+        # A failed compilation fails the run, and the job: its node is a row with failed=1 then.
+        rows.append({"node": counts["node"], "graphs traced": counts["graphs"],
+                     "graph breaks": counts["graph_breaks"], "compiled": counts["cache_misses"],
+                     "from cache": counts["cache_hits"], "failed": 0})
+    return rows
+
+
+def graph_totals(rows: list[dict]) -> dict[str, int | None]:
+    """Column sums over the nodes; None where a backend does not count (Neuron's cache)."""
+    return {k: None if any(r[k] is None for r in rows) else sum(r[k] for r in rows)
+            for k in ("graphs traced", "graph breaks", "compiled", "from cache", "failed")}

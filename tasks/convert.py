@@ -13,11 +13,11 @@ from prefect.artifacts import create_table_artifact
 from prefect.logging import get_run_logger
 
 from pretrain import manifest
-from pretrain.command import Command
+from jobs.node import Command
 from pretrain.spec import PretrainSpec
 from tasks.artifacts import artifact_key, retryable
-from tasks.slurm import cluster_for, ends_cancelled, job_folder, run_job, stage_request
-from trainer.launch.convert_command import convert_command, convert_flags, expected_config
+from jobs.slurm import cluster_for, ends_cancelled, job_folder, run_job, stage_request
+from render.convert_command import convert_command, convert_flags, expected_config
 
 CONVERT_FORMAT = 1
 

@@ -22,8 +22,6 @@ the same spec finds the earlier attempt's outcome)::
 from __future__ import annotations
 
 import json
-import re
-import shlex
 import shutil
 import sys
 import time
@@ -38,19 +36,18 @@ from prefect.logging import get_run_logger
 from prefect.runtime import task_run
 
 from pretrain import manifest
-from pretrain.command import Command
+from jobs.node import Command
 from pretrain.neuron_compile import CompileSummary, from_results, parse_npc_log
 from pretrain.spec import PretrainSpec
-from tasks.artifacts import artifact_key, retryable
-from tasks.slurm import (JobRequest, SlurmJobFailed, cluster_for, ends_cancelled, expand_nodes, job_folder,
-                         run_job, stage_request)
-from tasks.tokenize import eod_id
-from trainer.launch import native
-from trainer.launch.nxdt import MASTER_PORT, nxdt_config, precompile_command, precompile_environment
+from jobs.slurm import (JobRequest, SlurmJobFailed, cluster_for, ends_cancelled, expand_nodes, job_folder,
+                        run_job, stage_request)
+from render import native
+from render.dataset_files import eod_id
+from render.nxdt import nxdt_config, precompile_command
+from render.nxdt_scripts import (CONFIG_NAME, NPC_LOG, compile_environment, node_name,
+                                 precompile_script)
+from tasks.artifacts import artifact_key, graph_totals, native_compile_rows, retryable
 
-CONFIG_NAME = "nxdt_config"  # conf/<name>.yaml; train's torchrun line names the same config
-NPC_LOG = "npc.log"
-HOST_FILE = "host"
 RESULTS_GLOB = "neuron_parallel_compile_results_*.json"  # NEURON_PARALLEL_COMPILE_DUMP_RESULTS, in the CWD
 ATTEMPT_RECORD = "attempt.json"
 
@@ -59,77 +56,7 @@ class PrecompileFailed(RuntimeError):
     pass
 
 
-# ---------------------------------------------------------------- shell text
-
-def _node_path(path: str) -> str:
-    """``~`` is the home directory on the compute node, not where the script was rendered."""
-    return "$HOME" + path[1:] if path == "~" or path.startswith("~/") else path
-
-
-def shell_word(arg: str) -> str:
-    """One shell word; ``$NAME`` stays expandable on the node (``trainer.num_nodes=$NNODES``)."""
-    if "$" not in arg:
-        return shlex.quote(arg)
-    return '"' + re.sub(r'(["\\`])', r"\\\1", arg) + '"'
-
-
-def shell_line(argv: list[str]) -> str:
-    return " ".join(shell_word(a) for a in argv)
-
-
 # ---------------------------------------------------------------- the job, from the spec
-
-def per_node_cache(spec: PretrainSpec) -> bool:
-    """NFS's file locks are the problem per-node caches work around; S3 has none to share."""
-    neuron = spec.backend.neuron
-    return neuron.per_node_compile_cache and not neuron.compiler_cache_url.startswith("s3://")
-
-
-def compile_environment(spec: PretrainSpec, retry_failed: bool) -> dict[str, str]:
-    """The precompile job's environment. ``NEURON_COMPILE_CACHE_URL`` is also what the train job
-    must export: NxDT takes yaml ``compiler_cache_url`` only when the variable is unset, and the
-    yaml holds the shared root, not the per-node directory."""
-    env = precompile_environment(spec, per_node_cache(spec), retry_failed)
-    return {name: _node_path(value) for name, value in env.items()}
-
-
-def node_script(spec: PretrainSpec, what: str, env: dict[str, str], config_dir: str, work_dir: str,
-                command: list[str], log: str) -> str:
-    """What each node of an NxDT job runs, as train.sh does (NODE_RANK, NNODES and MASTER_ADDR
-    come from the job layer): ``command`` in ``<work_dir>/node-<rank>``, its output in ``log`` there."""
-    examples = _node_path(spec.backend.neuron.examples_dir)
-    lines = [
-        "#!/usr/bin/env bash",
-        f"# {what}",
-        "set -eo pipefail",
-        "# train_setup.sh raises the open-file limit for a node's ranks; a lower hard limit set by the site stays",
-        'ulimit -n 65535 2>/dev/null || ulimit -n "$(ulimit -Hn)"',
-        "# and, where sudo needs no password, keeps the rendezvous port out of the ephemeral range (another",
-        "# process taking it fails the launch) and caps Lustre's dirty cache per OST client as FSx advises",
-        f"sudo -n sysctl -w net.ipv4.ip_local_reserved_ports={MASTER_PORT} >/dev/null 2>&1 || true",
-        "if command -v lctl >/dev/null; then sudo -n lctl set_param 'osc.*.max_dirty_mb=64' >/dev/null 2>&1 || true; fi",
-        *(f"export {name}={shell_word(value)}" for name, value in env.items()),
-        "# a directory per node for its log (neuron_parallel_compile also writes its results JSON to the working",
-        "# directory)",
-        f"node_dir={shell_word(work_dir + '/node-$NODE_RANK')}",
-        'mkdir -p "$node_dir"',
-        "# Slurm's name for this node, the one --nodelist takes when training is pinned to these nodes",
-        f'echo "${{SLURMD_NODENAME:-$(hostname)}}" > "$node_dir/{HOST_FILE}"',
-        "# Python resolves the link, so the orchestrator imports NxDT's modules beside its target, while",
-        "# Hydra looks for conf/ beside the link: the rendered config, not the examples' own",
-        f'ln -sfn {shell_word(examples + "/training_orchestrator.py")} "$node_dir/training_orchestrator.py"',
-        f'ln -sfn {shell_word(config_dir)} "$node_dir/conf"',
-        'cd "$node_dir"',
-        f"{shell_line(command)} 2>&1 | tee -a {log}",
-    ]
-    return "\n".join(lines) + "\n"
-
-
-def precompile_script(spec: PretrainSpec, config_dir: str, attempt_dir: str, retry_failed: bool) -> str:
-    return node_script(spec, "neuron_parallel_compile around the training launch on this node (NxDT train.sh "
-                       "with COMPILE=1)", compile_environment(spec, retry_failed), config_dir, attempt_dir,
-                       precompile_command(spec, CONFIG_NAME), NPC_LOG)
-
 
 def precompile_request(spec: PretrainSpec, script: Path) -> JobRequest:
     """One task per node, like ``srun ./train.sh``: each node runs its own neuron_parallel_compile."""
@@ -155,12 +82,6 @@ def node_summary(node_dir: Path) -> CompileSummary:
             pass
     log = node_dir / NPC_LOG
     return parse_npc_log(log.read_text(errors="replace")) if log.exists() else CompileSummary()
-
-
-def node_name(node_dir: Path) -> str:
-    """The node's Slurm name; the directory name when the node never got to write it."""
-    host = node_dir / HOST_FILE
-    return host.read_text().strip() if host.exists() else node_dir.name
 
 
 def compile_rows(attempt_dir: Path, nodes: int) -> list[dict]:
@@ -264,24 +185,6 @@ def precompile_neuron(spec: PretrainSpec, dataset: str, checkpoint: str | None =
 
 
 # ---------------------------------------------------------------- native backend
-
-def native_compile_rows(record_path: Path) -> list[dict]:
-    """One row per node from the trainer's per-node compile records (``<record>.compile-<host>.json``)."""
-    rows = []
-    for path in sorted(record_path.parent.glob(f"{record_path.name}.compile-*.json")):
-        counts = json.loads(path.read_text())
-        # A failed compilation fails the run, and the job: its node is a row with failed=1 then.
-        rows.append({"node": counts["node"], "graphs traced": counts["graphs"],
-                     "graph breaks": counts["graph_breaks"], "compiled": counts["cache_misses"],
-                     "from cache": counts["cache_hits"], "failed": 0})
-    return rows
-
-
-def graph_totals(rows: list[dict]) -> dict[str, int | None]:
-    """Column sums over the nodes; None where a backend does not count (Neuron's cache)."""
-    return {k: None if any(r[k] is None for r in rows) else sum(r[k] for r in rows)
-            for k in ("graphs traced", "graph breaks", "compiled", "from cache", "failed")}
-
 
 @task(name="precompile-native", retries=1, retry_delay_seconds=10, retry_condition_fn=retryable)
 @ends_cancelled

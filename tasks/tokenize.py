@@ -23,11 +23,13 @@ from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.logging import get_run_logger
 
 from pretrain import manifest
-from pretrain.command import Command
+from jobs.node import Command
+from jobs.slurm import (SlurmJobFailed, cluster_for, ends_cancelled, job_folder, run_array, run_job,
+                        stage_request)
 from pretrain.spec import PretrainSpec
+from render.dataset_files import arrow_output, tokenizer_files
+from render.tokenize_command import merge_command, tokenize_command
 from tasks.artifacts import artifact_key, retryable
-from tasks.slurm import (SlurmJobFailed, cluster_for, ends_cancelled, job_folder, run_array, run_job,
-                         stage_request)
 
 TOKENIZE_FORMAT = 1  # bump when the layout of tokenize outputs changes
 SHARD_BYTES = 256 << 20  # input per array task when the spec does not fix the shard count
@@ -37,36 +39,6 @@ DATA_PREFIX = "data"
 
 class TokenizeFailed(RuntimeError):
     pass
-
-
-def local_path(value: str, data_dir: Path) -> Path:
-    """Where a tokenizer file named in the spec is read: a URI among the fetched files, by its name."""
-    return data_dir / Path(value).name if "://" in value else Path(value).expanduser()
-
-
-def tokenizer_files(spec: PretrainSpec, data_dir: Path) -> dict[str, Path]:
-    """The tokenizer's local files; a URI is looked up by name among the fetched files."""
-    t = spec.tokenizer
-    named = ({"--vocab-file": t.vocab_file, "--merge-file": t.merges_file} if t.type == "gpt2-bpe"
-             else {"--tokenizer-model": t.path})
-    files = {}
-    for flag, value in named.items():
-        local = local_path(value, data_dir)
-        if not local.exists():
-            raise TokenizeFailed(f"tokenizer file {value} not found (looked at {local}); fix tokenizer in the "
-                                 "spec, or add the URI to data.sources so fetch brings it")
-        files[flag] = local
-    return files
-
-
-def eod_id(spec: PretrainSpec, data_dir: str) -> int:
-    """The tokenizer's end-of-document id, which the trainer's dataset needs."""
-    from trainer.tokenizer import load_tokenizer
-
-    files = tokenizer_files(spec, Path(data_dir))
-    return load_tokenizer(spec.tokenizer.type, vocab_file=str(files.get("--vocab-file", "")) or None,
-                          merges_file=str(files.get("--merge-file", "")) or None,
-                          model=str(files.get("--tokenizer-model", "")) or None).eod
 
 
 def _fingerprint(path: Path) -> str:
@@ -94,11 +66,6 @@ def pretokenized(data_dir: Path) -> str | None:
         raise TokenizeFailed(f"{data_dir}: {len(pairs)} Megatron datasets ({', '.join(p.name for p in pairs)}); "
                              "the pipeline trains on one: give one .bin/.idx pair per spec")
     return str(pairs[0]) if pairs else None
-
-
-def arrow_output(spec: PretrainSpec) -> bool:
-    """NxDT's Llama configs (``model_source: hf``) read HF Arrow blocks of the sequence length."""
-    return spec.backend.kind == "neuron" and spec.model.family == "llama"
 
 
 def shard_count(spec: PretrainSpec, input_bytes: int) -> int:
@@ -150,20 +117,14 @@ def tokenize(spec: PretrainSpec, data_dir: str, reuse_only: bool = False) -> str
     with manifest.staged_output(final) as staging:
         parts = staging / "parts"
         parts.mkdir(exist_ok=True)
-        base = [sys.executable, "-m", "trainer", "tokenize", "--input", *map(str, inputs),
-                "--tokenizer-type", spec.tokenizer.type, "--json-keys", *spec.data.json_keys,
-                *[str(x) for pair in tok_files.items() for x in pair]]
-        if spec.tokenizer.append_eod:
-            base.append("--append-eod")
-        if arrow:  # one job straight into the staging directory: nothing to merge
-            base += ["--format", "nxd-arrow", "--seq-length", str(spec.model.seq_length)]
+        tokenizer = {flag: str(path) for flag, path in tok_files.items()}
         todo = [i for i in range(shards) if not (parts / f"shard-{i}.json").exists()]
         logger.info("tokenize: %.1f MB in %d files as %d shards (%d to run)", input_bytes / 1e6,
                     len(inputs), shards, len(todo))
-        requests = [stage_request(spec, f"tokenize-{i}-of-{shards}", Command(
-            [*base, "--output-prefix", str(staging / DATA_PREFIX if arrow else parts / f"shard-{i}"),
-             "--shard", f"{i}/{shards}",
-             "--record", str(parts / f"shard-{i}.json")]), nodes=1, gpus_per_node=None) for i in todo]
+        requests = [stage_request(spec, f"tokenize-{i}-of-{shards}", Command(tokenize_command(
+            spec, [str(p) for p in inputs], str(staging / DATA_PREFIX if arrow else parts / f"shard-{i}"),
+            tokenizer, shard=f"{i}/{shards}", record=str(parts / f"shard-{i}.json"), python=sys.executable)),
+            nodes=1, gpus_per_node=None) for i in todo]
         if requests:
             failed = [o for o in run_array(requests, cluster, folder) if isinstance(o, SlurmJobFailed)]
             if failed:
@@ -171,13 +132,12 @@ def tokenize(spec: PretrainSpec, data_dir: str, reuse_only: bool = False) -> str
                                      "are kept and a retry reruns only these:\n\n" + "\n\n".join(map(str, failed)))
         records = [json.loads((parts / f"shard-{i}.json").read_text()) for i in range(shards)]
         if not arrow:
-            run_job(stage_request(spec, "tokenize-merge", Command(
-                [sys.executable, "-m", "trainer", "tokenize", "merge", "--output-prefix", str(staging / DATA_PREFIX),
-                 *[str(parts / f"shard-{i}") for i in range(shards)], "--json-keys", *spec.data.json_keys]),
-                nodes=1, cpus_per_task=None, gpus_per_node=None), cluster, folder)
+            run_job(stage_request(spec, "tokenize-merge", Command(merge_command(
+                spec, str(staging / DATA_PREFIX), [str(parts / f"shard-{i}") for i in range(shards)],
+                python=sys.executable)), nodes=1, cpus_per_task=None, gpus_per_node=None), cluster, folder)
         shutil.rmtree(parts)
         if spec.tokenizer.type == "gpt2-bpe":
-            # The launches name the tokenizer beside the dataset (trainer/launch/dataset_files.py).
+            # The launches name the tokenizer beside the dataset (render/dataset_files.py).
             for path in tok_files.values():
                 shutil.copyfile(path, staging / path.name)
         done = manifest.write_manifest(

@@ -1,10 +1,7 @@
-"""train (native backend): ``python -m trainer train`` under torchrun on N Slurm nodes.
-
-The run directory is keyed by the spec, the dataset and the flow run, so a retry of this task,
-or a resubmission after the job died, resumes from the run's newest complete checkpoint while
-a new flow run trains afresh. While the job runs, the metrics stream is followed: progress and
-loss-curve artifacts are updated, and a run whose metrics stop advancing is cancelled and
-resubmitted. A node that Slurm reports failed is excluded from the next submission.
+"""train (native backend): ``python -m trainer train`` under torchrun on N Slurm nodes, followed
+and resubmitted by the shared attempt loop (:mod:`tasks.attempts`): a run whose metrics stop
+advancing is cancelled and resubmitted, and a node that Slurm reports failed is excluded from the
+next submission. Each attempt resumes from the run's newest complete checkpoint.
 """
 
 from __future__ import annotations
@@ -12,225 +9,24 @@ from __future__ import annotations
 import json
 import os
 import sys
-import time
-from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from prefect import task
-from prefect.logging import get_run_logger
-from prefect.runtime import flow_run
 
-from blocks.cluster import SlurmCluster
-from pretrain import manifest
-from pretrain.command import Command
-from pretrain.log_parsers import MetricsStream, parse_log
-from pretrain.loss_curve import metrics_summary
+from jobs.node import Command
+from jobs.slurm import JobRequest, cluster_for, ends_cancelled, stage_request
 from pretrain.spec import PretrainSpec
-from tasks.artifacts import retryable
-from tasks.precompile import native_compile_rows
-from tasks.tokenize import eod_id
-from tasks.slurm import (JobRequest, SlurmJobFailed, cluster_for, ends_cancelled, executor_kind, expand_nodes,
-                         job_folder, job_running, query_slurm_state, run_job, stage_request, unhealthy_nodes,
-                         wait_gone)
-from tasks.train_artifacts import publish_loss_curve, publish_progress
-from trainer.launch import native
-
-LOSS_CURVE_EVERY_S = 30.0
-# Slurm states after which the nodes, not the program, are suspect.
-NODE_STATES = {"NODE_FAIL", "BOOT_FAIL"}
-
-
-class TrainingFailed(RuntimeError):
-    # The task's own loop has already spent backend.native.max_restarts on resubmissions; a
-    # Prefect retry would spend the budget a second time.
-    retryable = False
-    # For the run summary: what the run measured before it failed, and each attempt's outcome.
-    metrics: dict[str, Any] | None = None
-    attempts: list[dict[str, Any]] | None = None
-
-
-class RunHung(RuntimeError):
-    pass
-
-
-def run_dir(spec: PretrainSpec, dataset: str) -> Path:
-    key = manifest.stable_hash({"spec": spec.model_dump(mode="json"), "dataset": dataset,
-                                "flow_run": flow_run.get_id() or "no-flow-run"})
-    return manifest.output_dir(spec.paths.root, "train", key)
+from render import native
+from render.dataset_files import eod_id
+from tasks.artifacts import native_compile_rows, retryable
+from tasks.attempts import MetricsFollower, finish_run, run_attempts, run_dir
 
 
 def write_config(path: Path, config: dict[str, Any]) -> None:
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps(config, indent=2))
     os.replace(tmp, path)
-
-
-def excluded_after(failure: SlurmJobFailed) -> set[str]:
-    """Nodes to leave out of the next submission: after a node failure, the job's nodes that
-    Slurm now holds unhealthy. The others did nothing wrong, and leaving all of a many-node
-    job's nodes out could leave too few to schedule the retry on."""
-    return unhealthy_nodes(expand_nodes(failure.nodes)) if failure.state in NODE_STATES else set()
-
-
-class MetricsFollower:
-    """Reads the metrics JSONL as it grows; publishes progress and the loss curve; notices a hang."""
-
-    def __init__(self, spec: PretrainSpec, path: Path, total_steps: int, hang_timeout_s: float):
-        self.spec, self.path, self.total = spec, path, total_steps
-        self.hang_timeout_s = hang_timeout_s
-        self.offset = 0
-        self.inode: int | None = None
-        self.partial = ""
-        self.stream = MetricsStream()
-        self.progress_id = None
-        self.last_seen = (-1, 0)  # (the last step, events) the previous poll saw
-        self.last_advance = time.monotonic()
-        self.last_curve = 0.0
-
-    def read(self) -> None:
-        try:
-            with open(self.path, "rb") as f:
-                inode = os.fstat(f.fileno()).st_ino
-                if inode != self.inode:
-                    # A resumed attempt rewrote the file (a new one) without the steps after
-                    # its checkpoint: read it from the start.
-                    self.inode, self.offset, self.partial, self.stream = inode, 0, "", MetricsStream()
-                f.seek(self.offset)
-                data = f.read()
-        except FileNotFoundError:
-            return
-        self.offset += len(data)
-        text = self.partial + data.decode(errors="replace")
-        # A progress bar (NxDT's) ends its updates with a carriage return, not a newline.
-        end = max(text.rfind("\n"), text.rfind("\r")) + 1
-        parse_log(text[:end], self.stream)
-        self.partial = text[end:]
-
-    def restart(self) -> None:
-        """A new attempt: its start-up (and resume) is not a hang."""
-        self.last_advance = time.monotonic()
-
-    def poll(self, started: bool = True) -> None:
-        """``started``: whether the job has left the queue; only then can the run hang."""
-        self.read()
-        step = max(self.stream.points, default=0)
-        now = time.monotonic()
-        if not started:
-            self.last_advance = now
-        # Events count as progress too: after the last step, the final checkpoint and the HF
-        # export log theirs while no step advances.
-        if (step, self.stream.events) != self.last_seen:
-            self.last_advance = now
-        if step != self.last_seen[0]:
-            self.progress_id = publish_progress(self.spec.name, step, self.total, self.progress_id)
-        self.last_seen = (step, self.stream.events)
-        if now - self.last_curve > LOSS_CURVE_EVERY_S and self.stream.points:
-            self.last_curve = now
-            publish_loss_curve(self.spec.name, self.stream.as_list())
-        if now - self.last_advance > self.hang_timeout_s:
-            raise RunHung(f"no new metrics for {self.hang_timeout_s / 60:.1f} min (last step {step}); "
-                          "cancelled as hung")
-
-
-@dataclass
-class Attempts:
-    """What the attempts of one training run submitted, and the nodes left out after a node failure."""
-
-    history: list[dict[str, Any]] = field(default_factory=list)
-    excluded: set[str] = field(default_factory=set)
-    reason: str = ""  # what the trainer said, when it said why it stopped
-
-    def failure(self) -> TrainingFailed:
-        outcomes = "; ".join(a["outcome"] for a in self.history)
-        if self.reason:
-            return TrainingFailed(f"{self.reason}. Attempts: {outcomes}")
-        return TrainingFailed(f"training did not finish after {len(self.history)} attempt(s): {outcomes}")
-
-
-COMPLETED = "completed"  # the outcome of an attempt whose job ended well
-
-
-def job_completed(outcome: str) -> bool:
-    """A run is finished when its job ended well (NxDT, Megatron-LM: they exit 0 at the last step)."""
-    return outcome == COMPLETED
-
-
-def run_attempts(spec: PretrainSpec, cluster: SlurmCluster, follower: MetricsFollower, max_restarts: int,
-                 prepare: Callable[[int], JobRequest],
-                 finished: Callable[[str], bool] = job_completed,
-                 explain: Callable[[str], str] = str) -> Attempts:
-    """Submit the training job, follow its metrics, and resubmit it when it dies, up to
-    ``max_restarts`` times. ``prepare(attempt)`` readies the run directory and returns the request
-    (the job layer adds the excluded nodes); ``finished(outcome)`` says whether the run is done,
-    ``outcome`` being :data:`COMPLETED` when the job ended well; ``explain(outcome)`` is the
-    attempt's outcome as the history records it, in the trainer's words where it left any. Every
-    backend's train task uses this loop; each resumes from its own newest checkpoint."""
-    logger = get_run_logger()
-    attempts = Attempts()
-    for attempt in range(max_restarts + 1):
-        if attempts.excluded and cluster.nodelist:
-            cluster = cluster.model_copy(
-                update={"nodelist": [h for h in cluster.nodelist if h not in attempts.excluded]})
-        request = replace(prepare(attempt), exclude=tuple(sorted(attempts.excluded)))
-        follower.restart()
-        started = time.monotonic()
-        submitted: list[Any] = []
-        try:
-            # Time spent waiting in the queue, first or again after a requeue, is no hang.
-            run_job(request, cluster, job_folder(spec, cluster), on_submit=submitted.append,
-                    on_poll=lambda: follower.poll(started=job_running(submitted[0])))
-            outcome = COMPLETED
-        except SlurmJobFailed as failure:
-            if failure.state in NODE_STATES:
-                bad = excluded_after(failure)
-                logger.warning("job %s lost a node (nodes %s); left out of the next attempt: %s", failure.job_id,
-                               failure.nodes, ", ".join(sorted(bad)) or "none (Slurm holds none of them down now)")
-                attempts.excluded |= bad
-            outcome = f"{failure.state}: {str(failure).splitlines()[0]}"
-        except RunHung as hung:
-            outcome = f"hung: {hung}"  # run_job has cancelled the job
-        if outcome != COMPLETED and submitted:
-            # Slurm records a cancelled, preempted or timed-out job as ended while its ranks still
-            # save a checkpoint into the run directory on the way out (SIGTERM): the next attempt
-            # must not start beside them, nor be judged by a record they have not yet written.
-            lead = spec.backend.native.stop_signal_delay_s + 60
-            if not wait_gone(submitted[0], timeout_s=lead):
-                logger.warning("job %s is still listed %d s after it ended; resubmitting anyway",
-                               submitted[0].job_id, lead)
-        follower.read()
-        job_id = submitted[0].job_id if submitted else None
-        sacct = query_slurm_state(job_id) if job_id and executor_kind(cluster) == "slurm" else None
-        described = explain(outcome)  # reads what the trainer left: once per attempt
-        attempts.history.append({"attempt": attempt + 1, "job": job_id,
-                                 "nodes": sacct.nodes if sacct else "", "outcome": described,
-                                 "seconds": round(time.monotonic() - started, 1),
-                                 "step": max(follower.stream.points, default=0)})
-        if finished(outcome):
-            break
-        logger.warning("train attempt %d ended without finishing (%s); %s", attempt + 1, described,
-                       "resubmitting; the run resumes from its newest checkpoint" if attempt < max_restarts
-                       else "no restarts left")
-    return attempts
-
-
-def finish_run(spec: PretrainSpec, follower: MetricsFollower, attempts: Attempts, finished: bool,
-               compiled: list[dict], **result: Any) -> dict[str, Any]:
-    """The end of every backend's train stage: the final loss curve; a failure naming every
-    attempt's outcome, or ``result`` with the job history, the metrics summary and the graphs
-    training still compiled."""
-    if any(row["compiled"] for row in compiled):
-        get_run_logger().warning("training compiled graphs the precompile stage did not cover: %s", compiled)
-    points = follower.stream.as_list()
-    if points:
-        publish_loss_curve(spec.name, points)
-    if not finished:
-        failure = attempts.failure()
-        failure.metrics, failure.attempts = metrics_summary(points), attempts.history
-        raise failure
-    return {**result, "attempts": attempts.history, "excluded_nodes": sorted(attempts.excluded),
-            "metrics": metrics_summary(points), "skipped_log_lines": follower.stream.skipped,
-            "compiled_during_training": compiled}
 
 
 @task(name="train", retries=1, retry_delay_seconds=10, retry_condition_fn=retryable)

@@ -1,6 +1,6 @@
 """train (megatron-lm backend): Megatron-LM's ``pretrain_gpt.py`` under torchrun on every node, as
 the GPT-3 runbooks launch it (ParallelCluster, HyperPod, EKS), with the arguments rendered from
-the spec (trainer/launch/megatron_lm.py) and, when the spec names one, in its pyxis container.
+the spec (render/megatron_lm.py) and, when the spec names one, in its pyxis container.
 
 ``--save`` and ``--load`` name the same directory, ``<run>/checkpoints``, so a resubmitted job
 resumes from Megatron's own newest checkpoint (``latest_checkpointed_iteration.txt``). Each
@@ -13,37 +13,15 @@ log lines, and tested by rendering and parsing.
 
 from __future__ import annotations
 
-import shlex
-from pathlib import Path
 from typing import Any
 
 from prefect import task
 
-from blocks.cluster import SlurmCluster
-from pretrain.command import Command
+from jobs.slurm import cluster_for, ends_cancelled, stage_request
 from pretrain.spec import MegatronLMSpec, PretrainSpec
+from render.megatron_lm import in_container, node_command
 from tasks.artifacts import retryable
-from tasks.precompile import shell_line
-from tasks.slurm import cluster_for, ends_cancelled, stage_request
-from tasks.train import MetricsFollower, finish_run, job_completed, run_attempts, run_dir
-from trainer.launch import megatron_lm
-
-
-def node_command(spec: PretrainSpec, dataset: str, run: Path) -> Command:
-    """Each node's torchrun line, its output kept in the run directory (pipefail: the line's
-    exit status is torchrun's, not tee's)."""
-    line = shell_line(megatron_lm.torchrun_command(spec, dataset, str(run / "checkpoints")))
-    return Command(["bash", "-c", f"set -o pipefail; {line} 2>&1 | tee -a {shlex.quote(str(run))}/node-$NODE_RANK.log"],
-                   env=megatron_lm.environment())
-
-
-def in_container(cluster: SlurmCluster, spec: PretrainSpec) -> SlurmCluster:
-    """``cluster`` running its srun steps in the spec's pyxis image, when the spec names one."""
-    settings = spec.backend.megatron_lm
-    if settings is None or not settings.container_image:
-        return cluster
-    return cluster.model_copy(update={"container_image": settings.container_image,
-                                      "container_mounts": settings.container_mounts})
+from tasks.attempts import MetricsFollower, finish_run, job_completed, run_attempts, run_dir
 
 
 @task(name="train", retries=1, retry_delay_seconds=10, retry_condition_fn=retryable)

@@ -24,16 +24,14 @@ import yaml
 from prefect import task
 from prefect.logging import get_run_logger
 
-from pretrain.command import Command
+from jobs.node import Command
+from jobs.slurm import JobRequest, cluster_for, ends_cancelled, stage_request
 from pretrain.neuron_compile import training_compiles
 from pretrain.spec import PretrainSpec
+from render.nxdt_scripts import CONFIG_NAME, TRAIN_LOG, node_name, train_config, train_script
 from tasks.artifacts import retryable
-from tasks.precompile import CONFIG_NAME, compile_environment, node_name, node_script
-from tasks.slurm import JobRequest, cluster_for, ends_cancelled, stage_request
-from tasks.train import MetricsFollower, finish_run, job_completed, run_attempts, run_dir
-from trainer.launch import nxdt
+from tasks.attempts import MetricsFollower, finish_run, job_completed, run_attempts, run_dir
 
-TRAIN_LOG = "train.log"
 _STEP = re.compile(r"step=(\d+)")
 
 
@@ -47,30 +45,6 @@ def newest_checkpoint(checkpoints: Path) -> Path | None:
         return (int(step.group(1)) if step else -1, path.stat().st_mtime)
 
     return max(complete, key=order, default=None)
-
-
-def train_config(spec: PretrainSpec, dataset: str, init_checkpoint: str | None, resume: Path | None) -> dict:
-    """The conf precompile compiled for; resuming, from the run's own checkpoint. NxDT splits the
-    path into directory and tag and reads consumed_samples from the tag, so no trailing slash."""
-    config = nxdt.nxdt_config(spec, dataset, init_checkpoint)
-    if resume is not None:
-        config["exp_manager"]["resume_from_checkpoint"] = str(resume)
-        if "weight_init_only" in config["model"]:
-            config["model"]["weight_init_only"] = False  # the optimizer state comes back too
-    return config
-
-
-def train_environment(spec: PretrainSpec, cache_url: str | None) -> dict[str, str]:
-    """What train.sh exports, and the compile cache precompile filled: the same per-node
-    directory it used, or NxDT would compile every graph again."""
-    cache = cache_url or compile_environment(spec, retry_failed=False)["NEURON_COMPILE_CACHE_URL"]
-    return {**nxdt.train_environment(), "NEURON_COMPILE_CACHE_URL": cache}
-
-
-def train_script(spec: PretrainSpec, run: Path, cache_url: str | None) -> str:
-    return node_script(spec, "NxDT training on this node (train.sh)", train_environment(spec, cache_url),
-                       str(run / "conf"), str(run), nxdt.torchrun_command(spec, CONFIG_NAME, str(run / "exp")),
-                       TRAIN_LOG)
 
 
 def compile_rows(run: Path, nodes: int) -> list[dict]:

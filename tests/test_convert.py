@@ -21,7 +21,7 @@ from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply
 import trainer.convert as converter
 from pretrain.presets import load_spec
 from trainer.convert import ConvertError, HFCheckpoint, shard_items, verify
-from trainer.launch.convert_command import convert_command
+from render.convert_command import convert_command
 from trainer.nxdt_layout import LayoutError, NxdtLayout
 
 CONVERT = [sys.executable, "-m", "trainer", "convert"]

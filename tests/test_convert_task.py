@@ -15,7 +15,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from pretrain.presets import load_spec
 from tasks.convert import convert, source_fingerprint
-from trainer.launch.convert_command import convert_command, convert_flags
+from render.convert_command import convert_command, convert_flags
 
 
 def test_flags_come_from_the_spec_that_also_configures_training():

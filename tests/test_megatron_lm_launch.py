@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from pretrain.presets import load_spec
 from blocks.cluster import SlurmCluster
-from tasks.render import render_files
-from pretrain.command import Command
-from tasks.slurm import JobRequest, slurm_parameters
-from tasks.train_megatron import in_container
-from trainer.launch.megatron_lm import pretrain_gpt_args, torchrun_command
+from tasks.dry_run import render_files
+from jobs.node import Command
+from jobs.slurm import JobRequest, slurm_parameters
+from render.megatron_lm import in_container
+from render.megatron_lm import pretrain_gpt_args, torchrun_command
 
 
 def flags(args: list[str]) -> dict[str, str | bool]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from pretrain.presets import SpecError, load_spec
-from trainer.launch.nxdt import nxdt_config, torchrun_command, train_environment
+from render.nxdt import nxdt_config, torchrun_command, train_environment
 
 
 def at(config: dict, path: str):
@@ -143,7 +143,7 @@ def test_train_sh_environment_and_torchrun_line():
 
 
 def test_precompile_wraps_the_same_launch_with_per_node_cache_and_retry():
-    from trainer.launch.nxdt import precompile_command, precompile_environment
+    from render.nxdt import precompile_command, precompile_environment
 
     spec = load_spec("llama3-70b")
     line = precompile_command(spec, "hf_llama3_70B_config")

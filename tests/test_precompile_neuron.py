@@ -15,13 +15,13 @@ from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
 
 from blocks.cluster import SlurmCluster
 from pretrain.presets import load_spec
-from tasks.precompile import (
-    CONFIG_NAME, attempt_record, compile_rows, failure_message, precompile_neuron, precompile_request,
-    precompile_script, retry_plan, shell_line,
-)
-from tasks.render import render_files
-from tasks.slurm import slurm_parameters
-from trainer.launch.nxdt import torchrun_command
+from jobs.slurm import slurm_parameters
+from render.nxdt import torchrun_command
+from render.nxdt_scripts import CONFIG_NAME, precompile_script
+from render.shell import shell_line
+from tasks.dry_run import render_files
+from tasks.precompile import (attempt_record, compile_rows, failure_message, precompile_neuron, precompile_request,
+                              retry_plan)
 
 # Summary lines as the NxDT tutorials print them: the 70B tutorial (new logger name) and the GPT
 # tutorial (old one); the failed variant is the 70B form with one graph failed.

@@ -20,7 +20,7 @@ from pretrain.corpus import corpus_texts
 from pretrain.toy_tokenizers import llama3_style
 from trainer.tokenizer import load_tokenizer
 
-PRETRAIN = [sys.executable, "-m", "pretrain.cli"]
+PRETRAIN = [sys.executable, "-m", "cli.main"]
 
 
 @pytest.fixture(scope="module")

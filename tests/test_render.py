@@ -14,7 +14,7 @@ from flows.pretrain import pretrain
 
 def test_render_writes_config_conversion_and_sbatch(tmp_path):
     out = tmp_path / "rendered"
-    done = subprocess.run([sys.executable, "-m", "pretrain.cli", "render", "llama3-70b-trn2", "--set",
+    done = subprocess.run([sys.executable, "-m", "cli.main", "render", "llama3-70b-trn2", "--set",
                            "model.init_from=/fsx/Meta-Llama-3-70B", "--set", f"paths.root={tmp_path}",
                            "--out", str(out)], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
@@ -108,7 +108,7 @@ def test_render_native_writes_the_trainer_config_the_node_program_accepts(tmp_pa
     from trainer.train.config import TrainConfig
 
     out = tmp_path / "rendered"
-    done = subprocess.run([sys.executable, "-m", "pretrain.cli", "render", "tiny-local", "--set",
+    done = subprocess.run([sys.executable, "-m", "cli.main", "render", "tiny-local", "--set",
                            f"paths.root={tmp_path}", "--out", str(out)], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     assert {"train.json", "torchrun.sh", "train_env.sh", "sbatch_train.sh", "sbatch_precompile.sh",
@@ -131,7 +131,7 @@ def test_a_blend_reaches_every_megatron_format_reader_as_weights_and_prefixes(tm
     import json
 
     from pretrain.presets import SpecError, load_spec
-    from trainer.launch import megatron_lm, native, nxdt
+    from render import megatron_lm, native, nxdt
     from trainer.train.config import TrainConfig
 
     mix = ["data.weight=0.7", "data.blend=[{prefix: /fsx/code_text_document, weight: 0.3}]"]
@@ -157,7 +157,7 @@ def test_torchrun_waits_the_whole_stop_signal_lead_before_killing_the_ranks(monk
     from torch.distributed.run import config_from_args, get_args_parser
 
     from pretrain.presets import load_spec
-    from trainer.launch import native
+    from render import native
 
     spec = load_spec("tiny-local", ["backend.native.stop_signal_delay_s=300"])
     for name, value in native.environment(spec).items():
@@ -172,7 +172,7 @@ def test_the_warm_up_config_compiles_evaluation_and_writes_no_checkpoint(tmp_pat
     import json
 
     from pretrain.presets import load_spec
-    from trainer.launch import native
+    from render import native
     from trainer.train.config import TrainConfig
 
     spec = load_spec("tiny-local", [f"paths.root={tmp_path}", "training.checkpoint_interval=1"])

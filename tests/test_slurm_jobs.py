@@ -16,9 +16,9 @@ from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
 
 from blocks.cluster import SlurmCluster
 from deployments.stack.processes import alive
-from pretrain.command import Command
+from jobs.node import Command
 from slurm_faults import preempt_node
-from tasks.slurm import (
+from jobs.slurm import (
     JobRequest, SlurmJobFailed, expand_nodes, parse_sacct, run_array, run_job, slurm_parameters, submit, wait,
 )
 
@@ -198,8 +198,8 @@ def test_flow_process_terminated_cancels_its_job(local_stack, shared_dir):
     program = textwrap.dedent(f"""
         from pathlib import Path
         from blocks.cluster import SlurmCluster
-        from pretrain.command import Command
-        from tasks.slurm import JobRequest, run_job
+        from jobs.node import Command
+        from jobs.slurm import JobRequest, run_job
         run_job(JobRequest("orphan", Command(["sleep", "300"]), time_limit_min=5),
                 SlurmCluster(executor="slurm"), Path({str(shared_dir)!r}), poll_s=0.5,
                 on_submit=lambda job: Path({str(ids)!r}).write_text(job.job_id))
@@ -222,8 +222,8 @@ def orphan_program(shared_dir, ids, cluster: str) -> str:
     return textwrap.dedent(f"""
         from pathlib import Path
         from blocks.cluster import SlurmCluster
-        from pretrain.command import Command
-        from tasks.slurm import JobRequest, run_job
+        from jobs.node import Command
+        from jobs.slurm import JobRequest, run_job
         run_job(JobRequest("orphan", Command(["sleep", "300"]), time_limit_min=5),
                 SlurmCluster.model_validate({cluster}), Path({str(shared_dir)!r}), poll_s=0.5,
                 on_submit=lambda job: Path({str(ids)!r}).write_text(job.job_id))

@@ -93,7 +93,7 @@ def test_reset_restarts_job_ids_with_no_stale_accounting(second_stack):
 
 def test_command_line_status_env_and_down(second_stack):
     stack.up(second_stack, base_port=BASE_PORT)
-    cli = [sys.executable, "-m", "pretrain.cli", "stack"]
+    cli = [sys.executable, "-m", "cli.main", "stack"]
     status = subprocess.run([*cli, "status", "--dir", str(second_stack)], capture_output=True, text=True)
     assert status.returncode == 0 and "slurm    up" in status.stdout
     env = subprocess.run([*cli, "env", "--dir", str(second_stack)], capture_output=True, text=True, check=True)

@@ -13,6 +13,7 @@ from pretrain import manifest
 from pretrain.corpus import corpus_texts
 from pretrain.presets import load_spec
 from pretrain.toy_tokenizers import gpt2_style, llama3_style
+from render.dataset_files import MissingTokenizerFile
 from tasks.tokenize import TokenizeFailed, tokenize
 from trainer.tokenizer import load_tokenizer
 
@@ -68,7 +69,7 @@ def test_missing_tokenizer_is_named_before_anything_is_submitted(tmp_path):
     data = fetched_corpus(tmp_path, ['{"text": "x"}\n'])
     spec = load_spec("tiny-local", [f"paths.root={tmp_path}", f"tokenizer.path={tmp_path / 'nope'}"])
     state = tokenize_once(spec, str(data), return_state=True)
-    with pytest.raises(TokenizeFailed, match=f"tokenizer file {tmp_path / 'nope'} not found"):
+    with pytest.raises(MissingTokenizerFile, match=f"tokenizer file {tmp_path / 'nope'} not found"):
         state.result()
     assert not (tmp_path / "jobs").exists()
 
@@ -93,7 +94,7 @@ def test_a_fetched_dataset_that_is_tokenized_already_is_handed_on(layout, tmp_pa
         expected = str(data / "my-gpt2_text_document")
         # Training reads the tokenizer's files beside the dataset: without them, fail naming them.
         spec = load_spec("megatron-gpt-6.7b", [f"paths.root={tmp_path}"])
-        with pytest.raises(TokenizeFailed, match="gpt2-vocab.json not found"):
+        with pytest.raises(MissingTokenizerFile, match="gpt2-vocab.json not found"):
             tokenize_once(spec, str(data))
         # as fetch brings them with the preset's sources
         for path, name in zip(gpt2_style(tmp_path / "tok", corpus_texts()[:50]), ("gpt2-vocab.json", "gpt2-merges.txt")):
@@ -113,8 +114,8 @@ def test_a_fetched_dataset_that_is_tokenized_already_is_handed_on(layout, tmp_pa
 def test_the_dataset_keeps_its_gpt2_tokenizer_where_the_launches_read_it(tmp_path):
     """A GPT spec names its tokenizer by URI or by a path on the control plane's machine; the
     nodes read the copy the tokenize stage keeps beside the dataset, as the launches name it."""
-    from trainer.launch.megatron_lm import pretrain_gpt_args
-    from trainer.launch.nxdt import nxdt_config
+    from render.megatron_lm import pretrain_gpt_args
+    from render.nxdt import nxdt_config
 
     texts = corpus_texts()[:100]
     data = fetched_corpus(tmp_path, [json.dumps({"text": t}) + "\n" for t in texts])

@@ -25,7 +25,7 @@ from torch.distributed.checkpoint import FileSystemReader
 
 from deployments.stack.processes import alive
 from trainer.indexed_dataset import IndexedDatasetWriter
-from trainer.launch.native import FORWARDED_SIGNALS
+from render.native import FORWARDED_SIGNALS
 from trainer.train.checkpoint import MARKER, complete_steps, step_dir, verify
 
 REPO = Path(__file__).resolve().parents[1]

@@ -11,10 +11,11 @@ from pathlib import Path
 import pytest
 
 from pretrain.presets import load_spec
-from tasks.precompile import precompile_script, shell_line
-from tasks.train import MetricsFollower
-from tasks.train_nxdt import compile_rows, newest_checkpoint, train_config, train_script
-from trainer.launch.nxdt import torchrun_command
+from render.nxdt import torchrun_command
+from render.nxdt_scripts import precompile_script, train_config, train_script
+from render.shell import shell_line
+from tasks.attempts import MetricsFollower
+from tasks.train_nxdt import compile_rows, newest_checkpoint
 
 CONVERTED = "/fsx/converted/checkpoint"
 # NxDT's regex for the data position in a checkpoint path (lightning_modules/data/base.py)
@@ -126,8 +127,8 @@ def test_graphs_compiled_during_training_are_counted_per_node(tmp_path):
 def test_megatron_lm_nodes_log_beside_the_run_and_resume_from_their_own_checkpoints(tmp_path):
     """Megatron-LM: --save and --load are the run's checkpoint directory, so a resubmitted job
     resumes by itself; the last rank prints the iteration lines, hence the last node's log."""
-    from tasks.train_megatron import node_command
-    from trainer.launch.megatron_lm import torchrun_command as megatron_torchrun
+    from render.megatron_lm import node_command
+    from render.megatron_lm import torchrun_command as megatron_torchrun
 
     spec = load_spec("gpt3-7.5b-gpu")
     command = node_command(spec, "/fsx/data/oscar_text_document", tmp_path)

@@ -435,8 +435,8 @@ def test_event_lines_after_the_last_step_are_signs_of_life(local_stack, tmp_path
 def test_only_the_node_slurm_holds_failed_is_excluded_from_the_next_attempt(local_stack):
     """After NODE_FAIL the job's node list names every node it ran on; the one to leave out is
     the one Slurm now holds down or drained (here: this cluster's node, drained for the test)."""
-    from tasks.slurm import SlurmJobFailed
-    from tasks.train import excluded_after
+    from jobs.slurm import SlurmJobFailed
+    from tasks.attempts import excluded_after
 
     (node,) = set(subprocess.run(["sinfo", "-h", "-N", "-o", "%N"], capture_output=True, text=True,
                                  check=True).stdout.split())  # listed once per partition

@@ -49,7 +49,7 @@ def _run(args: argparse.Namespace) -> int:
 def _render(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from tasks.render import render_files, write_files
+    from tasks.dry_run import render_files, write_files
 
     files = render_files(args.loaded)
     write_files(files, Path(args.out))

@@ -14,16 +14,17 @@ from prefect.artifacts import create_markdown_artifact
 from prefect.logging import get_run_logger
 
 from blocks.cluster import SlurmCluster
-from pretrain.command import Command
+from jobs.node import Command
+from jobs.slurm import MissingClusterBlock, job_folder, load_cluster_block, slurm_parameters, stage_request
 from pretrain.spec import PretrainSpec
+from render import megatron_lm, native, nxdt
+from render.convert_command import convert_command
+from render.dataset_files import arrow_output, tokenizer_paths
+from render.megatron_lm import in_container
+from render.nxdt_scripts import CONFIG_NAME, precompile_script, train_script
+from render.shell import shell_line
+from render.tokenize_command import tokenize_command
 from tasks.artifacts import artifact_key
-from tasks.precompile import CONFIG_NAME, precompile_script, shell_line
-from tasks.slurm import MissingClusterBlock, job_folder, load_cluster_block, slurm_parameters, stage_request
-from tasks.tokenize import arrow_output, local_path
-from tasks.train_megatron import in_container
-from tasks.train_nxdt import train_script
-from trainer.launch import megatron_lm, native, nxdt
-from trainer.launch.convert_command import convert_command
 
 # Where outputs of earlier stages will be; the real paths are content-addressed at run time.
 FETCHED, DATASET, CONVERTED, CHECKPOINTS = "<fetch-output>", "<tokenize-output>", "<convert-output>", "<checkpoints>"
@@ -51,17 +52,9 @@ def _sbatch(spec: PretrainSpec, cluster: SlurmCluster, name: str, **shape: Any) 
 def render_files(spec: PretrainSpec, cluster: SlurmCluster | None = None) -> dict[str, str]:
     site = cluster = cluster or SlurmCluster(executor="slurm")
     files = {"spec.yaml": yaml.safe_dump(json.loads(spec.model_dump_json()), sort_keys=False)}
-    tok = spec.tokenizer
-    def local(value: str) -> str:
-        return str(local_path(value, Path(FETCHED))) if "://" in value else value
-
-    tokenizer_flags = (["--vocab-file", local(tok.vocab_file), "--merge-file", local(tok.merges_file)]
-                       if tok.type == "gpt2-bpe" else ["--tokenizer-model", local(tok.path)])
-    shards = (["--format", "nxd-arrow", "--seq-length", str(spec.model.seq_length)] if arrow_output(spec)
-              else ["--shard", "$SHARD/$SHARDS"])
-    files["tokenize.sh"] = _shell(["python", "-m", "trainer", "tokenize", "--input", FETCHED, "--output-prefix",
-                                   f"{DATASET}/data", "--tokenizer-type", tok.type, *tokenizer_flags,
-                                   *(["--append-eod"] if tok.append_eod else []), *shards])
+    tokenizer = {flag: str(path) for flag, path in tokenizer_paths(spec, Path(FETCHED)).items()}
+    files["tokenize.sh"] = _shell(tokenize_command(spec, [FETCHED], f"{DATASET}/data", tokenizer,
+                                                   shard=None if arrow_output(spec) else "$SHARD/$SHARDS"))
     if spec.backend.kind == "neuron":
         init = CONVERTED if spec.model.init_from else None
         if spec.model.init_from:

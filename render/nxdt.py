@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from pretrain.spec import PretrainSpec
-from trainer.launch.dataset_files import blend, gpt2_bpe_files
+from render.dataset_files import blend, gpt2_bpe_files
 
 MASTER_PORT = 41000  # train_setup.sh's fixed rendezvous port
 

@@ -3,8 +3,17 @@ that runs inside the pyxis container (the ParallelCluster / HyperPod / EKS GPT-3
 
 from __future__ import annotations
 
+import shlex
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from jobs.node import Command
 from pretrain.spec import MegatronLMSpec, PretrainSpec
-from trainer.launch.dataset_files import blend, gpt2_bpe_files
+from render.dataset_files import blend, gpt2_bpe_files
+from render.shell import shell_line
+
+if TYPE_CHECKING:  # a Prefect block; rendering only copies it
+    from blocks.cluster import SlurmCluster
 
 MASTER_PORT = 29500
 PRETRAIN_GPT = "/workspace/Megatron-LM/pretrain_gpt.py"
@@ -65,3 +74,20 @@ def torchrun_command(spec: PretrainSpec, data_prefix: str, checkpoint_dir: str) 
     return ["torchrun", "--nproc_per_node", str(spec.cluster.devices_per_node), "--nnodes", "$NNODES",
             "--node_rank", "$NODE_RANK", "--master_addr", "$MASTER_ADDR", "--master_port", str(MASTER_PORT),
             PRETRAIN_GPT, *pretrain_gpt_args(spec, data_prefix, checkpoint_dir)]
+
+
+def node_command(spec: PretrainSpec, dataset: str, run: Path) -> Command:
+    """Each node's torchrun line, its output kept in the run directory (pipefail: the line's
+    exit status is torchrun's, not tee's)."""
+    line = shell_line(torchrun_command(spec, dataset, str(run / "checkpoints")))
+    return Command(["bash", "-c", f"set -o pipefail; {line} 2>&1 | tee -a {shlex.quote(str(run))}/node-$NODE_RANK.log"],
+                   env=environment())
+
+
+def in_container(cluster: SlurmCluster, spec: PretrainSpec) -> SlurmCluster:
+    """``cluster`` running its srun steps in the spec's pyxis image, when the spec names one."""
+    settings = spec.backend.megatron_lm
+    if settings is None or not settings.container_image:
+        return cluster
+    return cluster.model_copy(update={"container_image": settings.container_image,
+                                      "container_mounts": settings.container_mounts})

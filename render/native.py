@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from pretrain.spec import PretrainSpec
-from trainer.launch.dataset_files import blend
+from render.dataset_files import blend
 
 # torchrun forwards these to the ranks; Slurm sends USR2 ahead of the time limit (--signal).
 FORWARDED_SIGNALS = "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1,SIGUSR2"

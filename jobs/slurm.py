@@ -32,7 +32,7 @@ from prefect.runtime import flow_run
 from prefect.states import Cancelled, State
 
 from blocks.cluster import SlurmCluster
-from pretrain.command import LEASE, Leased
+from jobs.node import LEASE, Leased
 
 # sacct states after which the job will not run again (REQUEUED is followed by a restart, and
 # PREEMPTED too where the partition requeues preempted jobs: `ended` tells).
