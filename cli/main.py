@@ -3,6 +3,7 @@
     pretrain presets                                 list the presets
     pretrain validate PRESET_OR_FILE [--set k=v]...  validate and print the resolved spec
     pretrain run PRESET_OR_FILE [--set k=v]...       run the pretrain flow
+    pretrain plan PRESET_OR_FILE [--set k=v]...      each stage's key and output: run or reuse, and why
     pretrain render PRESET_OR_FILE --out DIR         write every file a run would launch
     pretrain stack up|down|status|reset|env          the local Slurm + S3 + Prefect stack
     pretrain demo [--inputs-only]                    the whole pipeline on tiny-local, set up here
@@ -46,6 +47,13 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _plan(args: argparse.Namespace) -> int:
+    from flows.plan import plan, plan_table
+
+    print(plan_table(plan(args.loaded)))
+    return 0
+
+
 def _render(args: argparse.Namespace) -> int:
     from pathlib import Path
 
@@ -76,6 +84,8 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("presets", help="list the presets").set_defaults(fn=_presets)
     for name, fn, text in (("validate", _validate, "validate and print the resolved spec"),
                            ("run", _run, "run the pretrain flow"),
+                           ("plan", _plan, "each stage's key and output, whether it would run or be reused, "
+                                           "and why; submits nothing"),
                            ("render", _render, "write every file a run would launch, submit nothing")):
         p = sub.add_parser(name, help=text)
         p.add_argument("spec", help="a preset name or a spec YAML file")

@@ -51,7 +51,8 @@ def sampled_digest(path: Path, samples: int = 16, chunk: int = 64 << 10) -> str:
 
 
 def code_version() -> str:
-    """The git commit of the code that produced an output, or the package version outside git."""
+    """The git commit of the code that produced an output, or the package version outside git:
+    provenance recorded beside the output, never part of its key (see ``trainer/formats.py``)."""
     here = Path(__file__).resolve().parent
     try:
         sha = subprocess.run(
@@ -90,11 +91,13 @@ def describe_files(directory: Path) -> dict[str, dict[str, Any]]:
     return files
 
 
-def write_manifest(directory: Path, stage: str, key: str, **fields: Any) -> dict[str, Any]:
-    """Describe every file in ``directory`` and write the manifest last, atomically."""
+def write_manifest(directory: Path, stage: str, key_inputs: dict[str, Any], **fields: Any) -> dict[str, Any]:
+    """Describe every file in ``directory`` and write the manifest last, atomically. The key is
+    ``stable_hash(key_inputs)``; the inputs are kept too, so that a later key can be explained."""
     manifest = {
         "stage": stage,
-        "key": key,
+        "key": stable_hash(key_inputs),
+        "key_inputs": key_inputs,
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "code_version": code_version(),
         "files": describe_files(directory),
@@ -133,6 +136,34 @@ def load_valid(directory: Path, key: str, deep: bool = False) -> dict[str, Any] 
         if deep and file_sha256(path) != meta["sha256"]:
             return None
     return manifest
+
+
+def newest_output(root: str | Path, stage: str) -> dict[str, Any] | None:
+    """The manifest of the stage's most recently completed output under ``root``, if any."""
+    manifests = []
+    for path in (Path(root).expanduser() / stage).glob(f"{stage}-*/{MANIFEST}"):
+        try:
+            manifests.append(json.loads(path.read_text()))
+        except (OSError, ValueError):
+            continue
+    return max(manifests, key=lambda m: m.get("created", ""), default=None)
+
+
+def changed_inputs(before: dict[str, Any], now: dict[str, Any], prefix: str = "") -> list[str]:
+    """What differs between two keys' inputs, one ``name: before -> now`` each, nested names dotted."""
+    changes = []
+    for name in sorted(before.keys() | now.keys()):
+        old, new, dotted = before.get(name), now.get(name), f"{prefix}{name}"
+        if isinstance(old, dict) and isinstance(new, dict):
+            changes += changed_inputs(old, new, f"{dotted}.")
+        elif old != new:
+            changes.append(f"{dotted}: {_short(old)} -> {_short(new)}")
+    return changes
+
+
+def _short(value: Any) -> str:
+    text = json.dumps(value, default=str)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def staging_dir(final: Path) -> Path:

@@ -18,9 +18,7 @@ from pretrain.spec import PretrainSpec
 from tasks.artifacts import artifact_key, retryable
 from jobs.slurm import cluster_for, ends_cancelled, job_folder, run_job, stage_request
 from render.convert_command import convert_command, convert_flags, expected_config
-
-CONVERT_FORMAT = 1
-
+from trainer import formats
 
 def source_fingerprint(source: Path) -> dict:
     """config.json and, per weight file, its name, modification time and a digest of its size and
@@ -30,6 +28,15 @@ def source_fingerprint(source: Path) -> dict:
     files = sorted(p for p in source.iterdir() if p.suffix == ".safetensors" or p.name.endswith(".index.json"))
     return {"config": (source / "config.json").read_text(),
             "files": [(p.name, p.stat().st_mtime_ns, manifest.sampled_digest(p)) for p in files]}
+
+
+def convert_key_inputs(spec: PretrainSpec, source: Path) -> dict:
+    """What the shards are a function of: the checkpoint's content, the layout's flags, and the
+    writer's format. The spec's model shape is in it too: the converter checks it against
+    config.json, so a spec that changed shape is checked again rather than handed an earlier
+    conversion."""
+    return {"format": formats.CONVERT, "source": source_fingerprint(source), "layout": convert_flags(spec),
+            "model": expected_config(spec)}
 
 
 @task(name="convert", retries=1, retry_delay_seconds=10, retry_condition_fn=retryable)
@@ -42,11 +49,8 @@ def convert(spec: PretrainSpec, reuse_only: bool = False) -> str:
     if not (source / "config.json").exists():
         raise FileNotFoundError(f"model.init_from={spec.model.init_from}: no config.json there; point it at a "
                                 "Hugging Face checkpoint directory")
-    layout = convert_flags(spec)
-    # The spec's model shape is part of the key: the converter checks it against config.json, so
-    # a spec that changed shape is checked again rather than handed an earlier conversion.
-    key = manifest.stable_hash({"format": CONVERT_FORMAT, "source": source_fingerprint(source), "layout": layout,
-                                "expect": expected_config(spec), "code": manifest.code_version()})
+    key_inputs = convert_key_inputs(spec, source)
+    key = manifest.stable_hash(key_inputs)
     final = manifest.output_dir(spec.paths.root, "convert", key)
     if (done := manifest.load_valid(final, key)) is None:
         if reuse_only:
@@ -59,7 +63,7 @@ def convert(spec: PretrainSpec, reuse_only: bool = False) -> str:
                     job_folder(spec, cluster))
             record = json.loads(record_path.read_text())
             record_path.unlink()
-            done = manifest.write_manifest(staging, "convert", key, layout=layout, **{
+            done = manifest.write_manifest(staging, "convert", key_inputs, layout=key_inputs["layout"], **{
                 k: record[k] for k in ("shards", "parameters_stored", "bytes", "verified_tensors")})
     else:
         logger.info("convert: %s is complete (manifest valid); nothing submitted", final)

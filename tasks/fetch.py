@@ -66,15 +66,25 @@ def reader_for(source: DataSource) -> S3Reader | HttpReader | LocalReader:
     return LocalReader()
 
 
-def fetch_key(listing: list[tuple[DataSource, list[RemoteObject]]]) -> str:
-    return manifest.stable_hash({
+def list_sources(spec: PretrainSpec) -> list[tuple[DataSource, Any, list[RemoteObject]]]:
+    """Each source of the spec, its reader, and its objects as the store lists them now."""
+    listing = []
+    for source in spec.data.sources:
+        reader = reader_for(source)
+        listing.append((source, reader, reader.list(source.uri)))
+    return listing
+
+
+def fetch_key_inputs(listing: list[tuple[DataSource, Any, list[RemoteObject]]]) -> dict[str, Any]:
+    """What the fetched files are a function of: each source's objects as the store lists them."""
+    return {
         "format": FETCH_FORMAT,
         "sources": [
             {"uri": src.uri, "decompress": src.decompress, "sha256": src.sha256,
              "objects": [(o.uri, o.name, o.size, o.etag) for o in objects]}
-            for src, objects in listing
+            for src, _, objects in listing
         ],
-    })
+    }
 
 
 def _output_name(source: DataSource, obj: RemoteObject) -> str:
@@ -103,11 +113,9 @@ def fetch(spec: PretrainSpec, reuse_only: bool = False) -> str:
     """Fetch ``spec.data.sources``; return the output directory. ``reuse_only``: return an
     existing complete output, never download (the stage was left out of the run)."""
     logger = get_run_logger()
-    listing = []
-    for source in spec.data.sources:
-        reader = reader_for(source)
-        listing.append((source, reader, reader.list(source.uri)))
-    key = fetch_key([(src, objects) for src, _, objects in listing])
+    listing = list_sources(spec)
+    key_inputs = fetch_key_inputs(listing)
+    key = manifest.stable_hash(key_inputs)
     final = manifest.output_dir(spec.paths.root, "fetch", key)
 
     names: dict[str, str] = {}
@@ -140,7 +148,7 @@ def fetch(spec: PretrainSpec, reuse_only: bool = False) -> str:
         shutil.rmtree(staging / STATE_DIR)
         total = sum(r["bytes"] for r in records)
         manifest.write_manifest(
-            staging, "fetch", key,
+            staging, "fetch", key_inputs,
             sources=[{"uri": r["source"], "etag": r["etag"], "bytes": r["bytes"], "file": r["file"]}
                      for r in records],
             bytes=total, seconds=round(time.monotonic() - started, 3),

@@ -5,7 +5,7 @@ that already are a tokenized dataset (a saved HF Arrow dataset, or one Megatron 
 as both Trainium runbooks download them) are handed on untouched.
 
 The output key is built from the fetched input's manifest key, the tokenizer files' sha256,
-the options that change the bytes and the code version. Each finished shard leaves its JSON
+the spec fields that change the bytes and the writer's format version (``trainer/formats.py``). Each finished shard leaves its JSON
 record in the staging directory, so a retry resubmits only the shards that failed.
 """
 
@@ -30,8 +30,8 @@ from pretrain.spec import PretrainSpec
 from render.dataset_files import arrow_output, tokenizer_files
 from render.tokenize_command import merge_command, tokenize_command
 from tasks.artifacts import artifact_key, retryable
+from trainer import formats
 
-TOKENIZE_FORMAT = 1  # bump when the layout of tokenize outputs changes
 SHARD_BYTES = 256 << 20  # input per array task when the spec does not fix the shard count
 MAX_SHARDS = 64
 DATA_PREFIX = "data"
@@ -72,6 +72,20 @@ def shard_count(spec: PretrainSpec, input_bytes: int) -> int:
     return spec.data.tokenize_shards or max(1, min(MAX_SHARDS, math.ceil(input_bytes / SHARD_BYTES)))
 
 
+def tokenize_key_inputs(spec: PretrainSpec, data: Path) -> dict[str, Any]:
+    """What the tokens are a function of: the fetched files, the tokenizer's content, the spec
+    fields that change the bytes, and the writer's format version."""
+    fetched = json.loads((data / manifest.MANIFEST).read_text())
+    t = spec.tokenizer
+    inputs = {"format": formats.TOKENIZE, "input": fetched["key"],
+              "files": [p.relative_to(data).as_posix() for p in jsonl_inputs(data)],
+              "tokenizer": {flag: _fingerprint(p) for flag, p in tokenizer_files(spec, data).items()},
+              "tokenizer.type": t.type, "tokenizer.append_eod": t.append_eod, "data.json_keys": spec.data.json_keys}
+    if arrow_output(spec):  # NxD's Arrow blocks are cut to the sequence length
+        inputs |= {"output": "nxd-arrow", "model.seq_length": spec.model.seq_length}
+    return inputs
+
+
 @task(name="tokenize", retries=2, retry_delay_seconds=10, retry_condition_fn=retryable)
 @ends_cancelled
 def tokenize(spec: PretrainSpec, data_dir: str, reuse_only: bool = False) -> str:
@@ -90,16 +104,9 @@ def tokenize(spec: PretrainSpec, data_dir: str, reuse_only: bool = False) -> str
         return dataset
     inputs = jsonl_inputs(data)
     tok_files = tokenizer_files(spec, data)
-    fetched = json.loads((data / manifest.MANIFEST).read_text())
     arrow = arrow_output(spec)
-    options = {"type": spec.tokenizer.type, "json_keys": spec.data.json_keys,
-               "append_eod": spec.tokenizer.append_eod,
-               **({"format": "nxd-arrow", "seq_length": spec.model.seq_length} if arrow else {})}
-    key = manifest.stable_hash({
-        "format": TOKENIZE_FORMAT, "input": fetched["key"], "files": [p.relative_to(data).as_posix() for p in inputs],
-        "tokenizer": {flag: _fingerprint(p) for flag, p in tok_files.items()}, "options": options,
-        "code": manifest.code_version(),
-    })
+    key_inputs = tokenize_key_inputs(spec, data)
+    key = manifest.stable_hash(key_inputs)
     final = manifest.output_dir(spec.paths.root, "tokenize", key)
     prefixes = [f"{final / DATA_PREFIX}_{k}" if arrow else f"{final / DATA_PREFIX}_{k}_document"
                 for k in spec.data.json_keys]
@@ -141,7 +148,7 @@ def tokenize(spec: PretrainSpec, data_dir: str, reuse_only: bool = False) -> str
             for path in tok_files.values():
                 shutil.copyfile(path, staging / path.name)
         done = manifest.write_manifest(
-            staging, "tokenize", key, options=options, input_bytes=input_bytes, dtype=records[0]["dtype"],
+            staging, "tokenize", key_inputs, input_bytes=input_bytes, dtype=records[0]["dtype"],
             documents=sum(r["documents"] for r in records), skipped=sum(r["skipped"] for r in records),
             tokens={k: sum(r["tokens"][k] for r in records) for k in spec.data.json_keys},
             shards=[{k: r[k] for k in ("shard", "documents", "tokens", "skipped", "input_bytes", "seconds",

@@ -103,7 +103,7 @@ def test_a_stage_that_handed_on_an_earlier_output_is_not_timed_nor_missed(tmp_pa
     out = tmp_path / "tokenize-out"
     out.mkdir()
     before = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() - 5))
-    manifest.write_manifest(out, "tokenize", "k")
+    manifest.write_manifest(out, "tokenize", {"input": "k"})
     after = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() + 5))
     assert manifest.created_before(out, after) and not manifest.created_before(out, before)
     assert not manifest.created_before(tmp_path / "nothing-here", after)

@@ -9,15 +9,16 @@ from pretrain import manifest
 
 
 def test_staged_output_is_renamed_into_place_with_its_manifest(tmp_path):
-    final = manifest.output_dir(tmp_path, "tokenize", manifest.stable_hash({"a": 1}))
     key = manifest.stable_hash({"a": 1})
+    final = manifest.output_dir(tmp_path, "tokenize", key)
     with manifest.staged_output(final) as staging:
         (staging / "data.bin").write_bytes(b"1234")
-        manifest.write_manifest(staging, "tokenize", key, documents=1)
+        manifest.write_manifest(staging, "tokenize", {"a": 1}, documents=1)
     assert not manifest.staging_dir(final).exists()
     meta = manifest.load_valid(final, key, deep=True)
     assert meta["files"]["data.bin"]["bytes"] == 4 and meta["documents"] == 1
-    assert meta["code_version"]
+    assert meta["key_inputs"] == {"a": 1}
+    assert meta["code_version"]  # provenance, not part of the key
 
 
 def test_failure_inside_a_stage_leaves_no_final_output(tmp_path):
@@ -41,17 +42,32 @@ def test_a_stage_that_writes_no_manifest_is_not_done(tmp_path):
 def test_validation_catches_truncation_corruption_and_other_keys(tmp_path):
     with manifest.staged_output(tmp_path / "out") as staging:
         (staging / "x").write_bytes(b"abcdef")
-        manifest.write_manifest(staging, "fetch", "k1")
+        manifest.write_manifest(staging, "fetch", {"k": 1})
     out = tmp_path / "out"
-    assert manifest.load_valid(out, "k1") is not None
-    assert manifest.load_valid(out, "k2") is None
+    k1, k2 = manifest.stable_hash({"k": 1}), manifest.stable_hash({"k": 2})
+    assert manifest.load_valid(out, k1) is not None
+    assert manifest.load_valid(out, k2) is None
     (out / "x").write_bytes(b"abcdeX")  # same size, other bytes
-    assert manifest.load_valid(out, "k1") is not None
-    assert manifest.load_valid(out, "k1", deep=True) is None
+    assert manifest.load_valid(out, k1) is not None
+    assert manifest.load_valid(out, k1, deep=True) is None
     (out / "x").write_bytes(b"abc")
-    assert manifest.load_valid(out, "k1") is None
+    assert manifest.load_valid(out, k1) is None
 
 
 def test_stable_hash_ignores_key_order_only():
     assert manifest.stable_hash({"a": 1, "b": 2}) == manifest.stable_hash({"b": 2, "a": 1})
     assert manifest.stable_hash({"a": 1}) != manifest.stable_hash({"a": 2})
+
+
+def test_the_newest_output_and_what_changed_since(tmp_path):
+    for inputs in ({"format": 1, "tokenizer": {"--tokenizer-model": "aaa"}, "data.json_keys": ["text"]},
+                   {"format": 1, "tokenizer": {"--tokenizer-model": "bbb"}, "data.json_keys": ["text"]}):
+        with manifest.staged_output(manifest.output_dir(tmp_path, "tokenize", manifest.stable_hash(inputs))) as s:
+            manifest.write_manifest(s, "tokenize", inputs)
+    newest = manifest.newest_output(tmp_path, "tokenize")
+    assert newest["key_inputs"]["tokenizer"] == {"--tokenizer-model": "bbb"}
+    assert manifest.newest_output(tmp_path, "convert") is None
+    now = {"format": 2, "tokenizer": {"--tokenizer-model": "bbb"}, "data.json_keys": ["text", "title"]}
+    assert manifest.changed_inputs(newest["key_inputs"], now) == [
+        'data.json_keys: ["text"] -> ["text", "title"]', "format: 1 -> 2"]
+    assert manifest.changed_inputs(now, now) == []

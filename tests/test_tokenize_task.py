@@ -25,10 +25,11 @@ def tokenize_once(spec, data_dir):
 
 def fetched_corpus(root: Path, lines: list[str]) -> Path:
     """A fetch output, written the way the fetch stage writes one."""
-    final = manifest.output_dir(root, "fetch", "k" * 64)
+    key_inputs = {"sources": ["corpus.jsonl"]}
+    final = manifest.output_dir(root, "fetch", manifest.stable_hash(key_inputs))
     with manifest.staged_output(final) as staging:
         (staging / "corpus.jsonl").write_text("".join(lines))
-        manifest.write_manifest(staging, "fetch", "k" * 64)
+        manifest.write_manifest(staging, "fetch", key_inputs)
     return final
 
 

@@ -1,0 +1,76 @@
+"""`pretrain plan`: what a run of the pretrain flow would do with the outputs already on disk,
+without submitting anything. For each stage: its key and output path, whether it would run or
+hand on a complete output (its MANIFEST validates), and why it would run: which of the key's
+inputs changed since the newest output of that stage.
+
+Keys are computed by the stages' own functions, from the same inputs the stages read: the
+sources as their stores list them now, the fetched files, the tokenizer's content, the
+checkpoint's. Where an input does not exist yet (tokenize's, before fetch has run), the stage's
+key cannot be known and the plan says which stage must run first.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from pretrain import manifest
+from pretrain.spec import PretrainSpec
+from tasks.convert import convert_key_inputs
+from tasks.fetch import fetch_key_inputs, list_sources
+from tasks.tokenize import pretokenized, tokenize_key_inputs
+
+
+@dataclass(frozen=True)
+class StagePlan:
+    stage: str
+    action: str  # "reuse", "run", or "hand on" (a fetched dataset that is tokenized already)
+    reason: str
+    key: str = ""
+    output: str = ""
+
+
+def _keyed(spec: PretrainSpec, stage: str, key_inputs: dict) -> StagePlan:
+    key = manifest.stable_hash(key_inputs)
+    final = manifest.output_dir(spec.paths.root, stage, key)
+    if manifest.load_valid(final, key) is not None:
+        return StagePlan(stage, "reuse", "a complete output with this key is there (MANIFEST valid)", key, str(final))
+    newest = manifest.newest_output(spec.paths.root, stage)
+    if newest is None:
+        reason = "no earlier output of this stage"
+    elif "key_inputs" not in newest:
+        reason = f"the newest output ({newest['key'][:16]}) was written before keys recorded their inputs"
+    else:
+        changes = manifest.changed_inputs(newest["key_inputs"], key_inputs)
+        reason = ("changed since the newest output: " + "; ".join(changes) if changes
+                  else "an output with this key was started but never completed")
+    return StagePlan(stage, "run", reason, key, str(final))
+
+
+def plan(spec: PretrainSpec) -> list[StagePlan]:
+    """Every stage that applies to the spec's backend, in the order the flow runs them."""
+    fetch = _keyed(spec, "fetch", fetch_key_inputs(list_sources(spec)))
+    stages = [fetch]
+    if fetch.action != "reuse":
+        stages.append(StagePlan("tokenize", "run", "its input is new: fetch runs first"))
+    elif (dataset := pretokenized(Path(fetch.output))) is not None:
+        stages.append(StagePlan("tokenize", "hand on", "the fetched data is tokenized already", output=dataset))
+    else:
+        stages.append(_keyed(spec, "tokenize", tokenize_key_inputs(spec, Path(fetch.output))))
+    kind = spec.backend.kind
+    if kind == "neuron" and spec.model.init_from:
+        stages.append(_keyed(spec, "convert", convert_key_inputs(spec, Path(spec.model.init_from).expanduser())))
+    if kind == "neuron" or (kind == "native" and spec.backend.native.compile):
+        stages.append(StagePlan("precompile", "run", "fills the compile cache; graphs it holds already are "
+                                "served from it, not compiled again"))
+    stages.append(StagePlan("train", "run", "never cached: a new flow run trains afresh; a retry resumes "
+                            "from its newest complete checkpoint"))
+    return stages
+
+
+def plan_table(stages: list[StagePlan]) -> str:
+    lines = []
+    for s in stages:
+        lines.append(f"{s.stage:<11} {s.action.upper():<8} {s.key[:16] or '-':<16}  {s.output or '-'}")
+        lines.append(f"{'':<11} {s.reason}")
+    return "\n".join(lines)

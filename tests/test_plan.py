@@ -1,0 +1,77 @@
+"""`pretrain plan` on the local stack: after fetch and tokenize ran (tokenize as Slurm jobs), a
+checkout at another commit that changed no writer (only the README) plans to reuse both; a
+changed tokenizer field plans tokenize again and says which field moved its key."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from prefect import flow
+
+from flows.pretrain import run_stages
+from pretrain.presets import load_spec
+from test_formats import ASSETS
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@flow
+def fetch_and_tokenize(spec):
+    return run_stages(spec, ["fetch", "tokenize"])[0]
+
+
+def checkout_at_a_readme_commit(directory: Path) -> Path:
+    """This working tree's files as a git checkout of their own, then a commit that edits only the README."""
+    listed = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=ROOT, capture_output=True,
+                            text=True, check=True).stdout.split()
+    for name in listed:
+        if (ROOT / name).is_file():
+            (directory / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / name, directory / name)
+    git = ["git", "-c", "user.name=test", "-c", "user.email=test@localhost"]
+    subprocess.run([*git, "init", "-q"], cwd=directory, check=True)
+    subprocess.run([*git, "add", "-A"], cwd=directory, check=True)
+    subprocess.run([*git, "commit", "-qm", "as the working tree"], cwd=directory, check=True)
+    with open(directory / "README.md", "a") as readme:
+        readme.write("\nAn edit that changes no output.\n")
+    subprocess.run([*git, "commit", "-qam", "README only"], cwd=directory, check=True)
+    return directory
+
+
+def plan_in(checkout: Path, *overrides: str) -> str:
+    argv = [sys.executable, "-m", "cli.main", "plan", "tiny-local", *(f"--set={o}" for o in overrides)]
+    out = subprocess.run(argv, cwd=checkout, capture_output=True, text=True,
+                         env={**os.environ, "PYTHONPATH": str(checkout)})
+    assert out.returncode == 0, out.stderr
+    return out.stdout
+
+
+def actions(plan: str) -> dict[str, str]:
+    return {line.split()[0]: line.split()[1] for line in plan.splitlines() if line and not line.startswith(" ")}
+
+
+def test_a_commit_that_changes_no_writer_reuses_every_finished_stage(local_stack, tmp_path):
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    lines = (ASSETS / "corpus.jsonl").read_text().splitlines(keepends=True)
+    (corpus / "corpus.jsonl").write_text("".join(line for line in lines if '""' not in line))
+    overrides = [f"paths.root={tmp_path / 'root'}", f"data.sources=[{{uri: {corpus}/}}]",
+                 f"tokenizer.path={ASSETS / 'hf'}", "cluster.executor=slurm"]
+    outputs = fetch_and_tokenize(load_spec("tiny-local", overrides))
+    assert Path(outputs["tokenize"] + ".bin").exists()
+
+    checkout = checkout_at_a_readme_commit(tmp_path / "checkout")
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=checkout, capture_output=True, text=True).stdout
+    assert head.strip() and head.strip() not in subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT,
+                                                              capture_output=True, text=True).stdout
+    plan = plan_in(checkout, *overrides)
+    assert actions(plan) == {"fetch": "REUSE", "tokenize": "REUSE", "precompile": "RUN", "train": "RUN"}, plan
+    assert str(Path(outputs["tokenize"]).parent) in plan  # the output path the flow handed on
+
+    replanned = plan_in(checkout, *overrides, "tokenizer.append_eod=false")
+    assert actions(replanned)["tokenize"] == "RUN" and actions(replanned)["fetch"] == "REUSE", replanned
+    assert "changed since the newest output: tokenizer.append_eod: true -> false" in replanned
