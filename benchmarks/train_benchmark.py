@@ -88,6 +88,7 @@ def bare_loop(steps: int, shape: dict, glibc_defaults: bool = False) -> float:
     trainer's own building blocks (model, per-block compile, optimizer, device choices), so the
     difference to a trainer run is what the trainer adds: data loading, metrics, checkpoints and
     the per-step agreement between ranks."""
+    from trainer.run_layout import grad_accumulation
     from trainer.train import device as devices
     from trainer.train.config import ModelConfig, OptimConfig
     from trainer.train.model import build
@@ -105,7 +106,7 @@ def bare_loop(steps: int, shape: dict, glibc_defaults: bool = False) -> float:
     dtype = devices.compute_dtype(device, shape["precision"])
     autocast = torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32)
     tokens = torch.randint(0, shape["model"]["vocab_size"], (shape["micro"], shape["seq"]), device=device)
-    accumulation = shape["global_batch"] // shape["micro"]
+    accumulation = grad_accumulation(shape["global_batch"], shape["micro"], 1)  # one rank
 
     def loss() -> torch.Tensor:
         # A function, as the trainer's: the logits die on return, before the backward pass (on
@@ -136,12 +137,14 @@ def bare_run(steps: int, shape: dict, glibc_defaults: bool = False) -> float:
 def trainer_config(work: Path, model: dict, *, steps: int, micro: int, global_batch: int, seq: int,
                    checkpoint_interval: int, keep: int = 2, **extra) -> Path:
     """A benchmark-mode trainer config over a synthetic dataset, written to ``work/train.json``."""
+    from trainer.run_layout import checkpoint_dir
+
     prefix = work / "data_text_document"
     synthetic_dataset(prefix, model["vocab_size"], documents=max(2000, steps * global_batch * seq // 256),
                       max_length=max(512, seq))
     config = {"model": model, "data": {"paths": [str(prefix)], "split": "100,0,0", "cache_dir": str(work / "cache")},
-              "optim": {"lr": 1e-3}, "checkpoint": {"dir": str(work / "ckpt"), "interval": checkpoint_interval,
-                                                                "keep": keep},
+              "optim": {"lr": 1e-3},
+              "checkpoint": {"dir": str(checkpoint_dir(work)), "interval": checkpoint_interval, "keep": keep},
               "metrics": {"jsonl_path": str(work / "metrics.jsonl"), "tensorboard_dir": str(work / "tb"),
                           "log_interval": 10},
               "steps": steps, "micro_batch_size": micro, "global_batch_size": global_batch, "seq_length": seq,
@@ -260,6 +263,7 @@ def gpu(steps: int, micro: int, global_batch: int, checkpoint_interval: int, smo
 
 def resume(steps: int) -> None:
     """Steps after the mid-run checkpoint, trained straight through and again after a resume."""
+    from trainer.run_layout import checkpoint_dir
     from trainer.train.checkpoint import step_dir
 
     at = steps // 2
@@ -268,7 +272,7 @@ def resume(steps: int) -> None:
             config = trainer_config(Path(tmp), MODEL, steps=steps, micro=MICRO, global_batch=GLOBAL, seq=SEQ,
                                     checkpoint_interval=at, precision=precision)
             straight = {step: r["loss"] for step, r in run_trainer(config).items()}
-            shutil.rmtree(step_dir(Path(tmp) / "ckpt", steps))  # the final one: the rerun starts at ``at``
+            shutil.rmtree(step_dir(checkpoint_dir(tmp), steps))  # the final one: the rerun starts at ``at``
             resumed = {step: r["loss"] for step, r in run_trainer(config).items()}
         after = range(at + 1, steps + 1)
         assert sorted(resumed) == sorted(straight) == list(range(1, steps + 1)), sorted(resumed)

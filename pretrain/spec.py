@@ -12,8 +12,10 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from trainer.model_shape import check_attention_shape
+from trainer.model_shape import (check_attention_shape, check_converted_kv_heads, check_heads_over_tp,
+                                 check_kv_heads_over_tp, check_native_model, check_native_tp)
 from trainer.nxdt_layout import LayoutError, NxdtLayout
+from trainer.run_layout import data_parallel_size, grad_accumulation
 
 
 class Strict(BaseModel):
@@ -345,16 +347,16 @@ class PretrainSpec(Strict):
         return self.cluster.nodes * self.cluster.devices_per_node
 
     @property
-    def model_parallel_size(self) -> int:
-        return self.parallel.tp * self.parallel.pp * self.parallel.cp
-
-    @property
     def dp(self) -> int:
-        return self.world_size // self.model_parallel_size
+        """Data-parallel ranks, by the trainer's own arithmetic (trainer/run_layout.py)."""
+        c, p = self.cluster, self.parallel
+        return data_parallel_size(self.world_size, p.tp, p.pp, p.cp, world=f"cluster.nodes x cluster.devices_per_node "
+                                  f"= {c.nodes} x {c.devices_per_node} = ")
 
     @property
     def grad_accumulation(self) -> int:
-        return self.training.global_batch_size // (self.training.micro_batch_size * self.dp)
+        t = self.training
+        return grad_accumulation(t.global_batch_size, t.micro_batch_size, self.dp, section="training.")
 
     @property
     def tokens_per_step(self) -> int:
@@ -363,11 +365,7 @@ class PretrainSpec(Strict):
     @model_validator(mode="after")
     def _runbook_traps(self) -> PretrainSpec:
         p, m, t = self.parallel, self.model, self.training
-        if m.num_attention_heads % p.tp:
-            divisors = [d for d in range(1, m.num_attention_heads + 1) if m.num_attention_heads % d == 0]
-            raise ValueError(f"parallel.tp={p.tp} does not divide model.num_attention_heads="
-                             f"{m.num_attention_heads}: choose tp in {divisors}")
-        self._check_kv_heads()
+        self._check_heads()
         if self.data.blend and self.backend.kind == "neuron" and m.family == "llama":
             raise ValueError("data.blend: NxDT's Llama configs read one HF Arrow dataset (data.train_dir) and "
                              "cannot blend; blend with backend.kind=native or megatron-lm, or a GPT config")
@@ -380,17 +378,9 @@ class PretrainSpec(Strict):
                     if value != default]:
                 raise ValueError(f"{', '.join(unsupported)}: backend.kind=native trains with data parallel "
                                  "(FSDP2) and parallel.tp only; reset them, or use backend.kind=neuron or megatron-lm")
-        if self.world_size % self.model_parallel_size:
-            raise ValueError(
-                f"world size cluster.nodes x cluster.devices_per_node = {self.cluster.nodes} x "
-                f"{self.cluster.devices_per_node} = {self.world_size} is not a multiple of "
-                f"parallel.tp x parallel.pp x parallel.cp = {p.tp} x {p.pp} x {p.cp} = "
-                f"{self.model_parallel_size}: change the node count or the parallel sizes")
-        if t.global_batch_size % (t.micro_batch_size * self.dp):
-            raise ValueError(
-                f"training.global_batch_size={t.global_batch_size} is not divisible by "
-                f"training.micro_batch_size x dp = {t.micro_batch_size} x {self.dp}: use a multiple "
-                f"of {t.micro_batch_size * self.dp}")
+        # dp = world / (tp x pp x cp) and global batch = micro batch x dp x accumulation, each
+        # asked of the rule the trainer runs by; either raises naming its fields
+        self.grad_accumulation  # noqa: B018
         # NxD's automatic partition puts the remainder on the last stages, as the converter does
         # (reference/nxdt.md §1.7). Megatron-LM needs equal stages and reads no pipeline_cuts.
         if self.backend.kind != "neuron" and m.num_layers % p.pp:
@@ -417,30 +407,19 @@ class PretrainSpec(Strict):
                              "training.eval_iters=0 or give the split a validation weight")
         return self
 
-    def _check_kv_heads(self) -> None:
-        p, kv = self.parallel, self.model.kv_heads
-        if self.backend.kind == "neuron":
-            # NxD GQAQKVColumnParallelLinear (reference/nxdt.md §1.6)
-            if p.tp % p.kv_replicator:
-                raise ValueError(f"parallel.kv_replicator={p.kv_replicator} must divide parallel.tp={p.tp}")
-            if (kv * p.kv_replicator) % p.tp:
-                need = [r for r in range(1, p.tp + 1) if p.tp % r == 0 and (kv * r) % p.tp == 0]
-                raise ValueError(
-                    f"model.num_kv_heads={kv} x parallel.kv_replicator={p.kv_replicator} is not "
-                    f"divisible by parallel.tp={p.tp}: set parallel.kv_replicator to one of {need}"
-                    if need else f"model.num_kv_heads={kv} cannot be spread over parallel.tp={p.tp}")
-            if self.model.init_from and p.kv_replicator > 1 and kv * p.kv_replicator != p.tp:
-                # The converter's own limit (trainer/nxdt_layout.py), caught before anything is queued.
-                fix = (f"set parallel.kv_replicator={p.tp // kv}" if p.tp % kv == 0
-                       else "set parallel.kv_replicator=1")
-                raise ValueError(
-                    f"model.init_from with parallel.kv_replicator={p.kv_replicator}: the converter gives each rank "
-                    f"one replicated KV head, so model.num_kv_heads={kv} x kv_replicator must equal "
-                    f"parallel.tp={p.tp}; {fix}")
+    def _check_heads(self) -> None:
+        """The head rules of trainer/model_shape.py, as the backend's trainer or converter asks them."""
+        p, m, kind = self.parallel, self.model, self.backend.kind
+        if kind != "neuron" and p.kv_replicator != 1:
+            raise ValueError(f"parallel.kv_replicator is an NxD setting; set it to 1 for backend.kind={kind}")
+        if kind == "native":
+            check_native_model(m.family, m.num_attention_heads, m.kv_heads)
+            check_native_tp(m.family, m.num_attention_heads, m.kv_heads, p.tp)
+            return
+        check_heads_over_tp(m.num_attention_heads, p.tp)
+        if kind == "neuron":
+            check_kv_heads_over_tp(m.kv_heads, p.tp, p.kv_replicator)
+            if m.init_from:
+                check_converted_kv_heads(m.kv_heads, p.tp, p.kv_replicator)
         else:
-            if p.kv_replicator != 1:
-                raise ValueError("parallel.kv_replicator is an NxD setting; set it to 1 for "
-                                 f"backend.kind={self.backend.kind}")
-            if kv % p.tp:
-                raise ValueError(f"model.num_kv_heads={kv} is not divisible by parallel.tp={p.tp}: "
-                                 "each tensor-parallel rank needs whole KV heads")
+            check_kv_heads_over_tp(m.kv_heads, p.tp)

@@ -11,6 +11,7 @@ from jobs.node import Command
 from pretrain.spec import MegatronLMSpec, PretrainSpec
 from render.dataset_files import blend, gpt2_bpe_files
 from render.shell import shell_line
+from trainer.run_layout import checkpoint_dir
 
 if TYPE_CHECKING:  # a Prefect block; rendering only copies it
     from blocks.cluster import SlurmCluster
@@ -79,7 +80,7 @@ def torchrun_command(spec: PretrainSpec, data_prefix: str, checkpoint_dir: str) 
 def node_command(spec: PretrainSpec, dataset: str, run: Path) -> Command:
     """Each node's torchrun line, its output kept in the run directory (pipefail: the line's
     exit status is torchrun's, not tee's)."""
-    line = shell_line(torchrun_command(spec, dataset, str(run / "checkpoints")))
+    line = shell_line(torchrun_command(spec, dataset, str(checkpoint_dir(run))))
     return Command(["bash", "-c", f"set -o pipefail; {line} 2>&1 | tee -a {shlex.quote(str(run))}/node-$NODE_RANK.log"],
                    env=environment())
 

@@ -12,6 +12,7 @@ from typing import Any
 
 from pretrain.spec import PretrainSpec
 from render.dataset_files import blend
+from trainer.run_layout import checkpoint_dir
 
 # torchrun forwards these to the ranks; Slurm sends USR2 ahead of the time limit (--signal).
 FORWARDED_SIGNALS = "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1,SIGUSR2"
@@ -51,7 +52,7 @@ def train_config(spec: PretrainSpec, *, dataset: str, run_dir: str, eod_id: int,
                   "weight_decay": t.weight_decay, "betas": list(t.adam_betas), "grad_clip": t.grad_clip,
                   "max_nan_steps_in_a_row": n.max_nan_steps_in_a_row},
         # the warm-up's short run writes no checkpoint: nothing resumes from it
-        "checkpoint": {"dir": str(run / "checkpoints"), "keep": n.checkpoint_keep, "async_save": n.async_checkpoint,
+        "checkpoint": {"dir": str(checkpoint_dir(run)), "keep": n.checkpoint_keep, "async_save": n.async_checkpoint,
                        "interval": max(t.checkpoint_interval, steps) if warmup_only else t.checkpoint_interval,
                        "final": not warmup_only},
         "metrics": {"jsonl_path": str(run / "metrics.jsonl"), "tensorboard_dir": str(run / "tensorboard")},

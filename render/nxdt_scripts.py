@@ -93,7 +93,13 @@ def train_environment(spec: PretrainSpec, cache_url: str | None) -> dict[str, st
     return {**nxdt.train_environment(), "NEURON_COMPILE_CACHE_URL": cache}
 
 
+def log_dir(run: Path) -> Path:
+    """exp_manager's explicit_log_dir for the run in ``run``; its checkpoints go to
+    ``trainer.run_layout.checkpoint_dir`` of it."""
+    return run / "exp"
+
+
 def train_script(spec: PretrainSpec, run: Path, cache_url: str | None) -> str:
     return node_script(spec, "NxDT training on this node (train.sh)", train_environment(spec, cache_url),
-                       str(run / "conf"), str(run), nxdt.torchrun_command(spec, CONFIG_NAME, str(run / "exp")),
+                       str(run / "conf"), str(run), nxdt.torchrun_command(spec, CONFIG_NAME, str(log_dir(run))),
                        TRAIN_LOG)

@@ -25,9 +25,10 @@ from render.nxdt_scripts import CONFIG_NAME, precompile_script, train_script
 from render.shell import shell_line
 from render.tokenize_command import tokenize_command
 from tasks.artifacts import artifact_key
+from trainer.run_layout import checkpoint_dir
 
 # Where outputs of earlier stages will be; the real paths are content-addressed at run time.
-FETCHED, DATASET, CONVERTED, CHECKPOINTS = "<fetch-output>", "<tokenize-output>", "<convert-output>", "<checkpoints>"
+FETCHED, DATASET, CONVERTED = "<fetch-output>", "<tokenize-output>", "<convert-output>"
 TRAIN_RUN = "<train-run>"
 PRECOMPILE_DIR = "<precompile-dir>"
 
@@ -75,7 +76,8 @@ def render_files(spec: PretrainSpec, cluster: SlurmCluster | None = None) -> dic
                                                               f"{TRAIN_RUN}/record.json"))
     elif spec.backend.kind == "megatron-lm":
         files["train_env.sh"] = _exports(megatron_lm.environment())
-        files["torchrun.sh"] = _shell(megatron_lm.torchrun_command(spec, f"{DATASET}/data_text_document", CHECKPOINTS))
+        files["torchrun.sh"] = _shell(megatron_lm.torchrun_command(spec, f"{DATASET}/data_text_document",
+                                                                str(checkpoint_dir(TRAIN_RUN))))
         cluster = in_container(cluster, spec)
     # One batch script per job the run submits, shaped as the tasks shape them.
     files["sbatch_tokenize.sh"] = _sbatch(spec, site, "tokenize-<i>-of-<n>", nodes=1, gpus_per_node=None)

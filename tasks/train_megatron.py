@@ -22,6 +22,7 @@ from pretrain.spec import MegatronLMSpec, PretrainSpec
 from render.megatron_lm import in_container, node_command
 from tasks.artifacts import retryable
 from tasks.attempts import MetricsFollower, finish_run, job_completed, run_attempts, run_dir
+from trainer.run_layout import checkpoint_dir
 
 
 @task(name="train", retries=1, retry_delay_seconds=10, retry_condition_fn=retryable)
@@ -39,4 +40,4 @@ def train_megatron(spec: PretrainSpec, dataset: str) -> dict[str, Any]:
     attempts = run_attempts(spec, cluster, follower, settings.max_restarts, prepare=lambda attempt: request)
     return finish_run(spec, follower, attempts, job_completed(attempts.history[-1]["outcome"]), [],
                       status="finished", step=max(follower.stream.points, default=0), run_dir=str(run),
-                      checkpoint=str(run / "checkpoints"))
+                      checkpoint=str(checkpoint_dir(run)))

@@ -28,9 +28,10 @@ from jobs.node import Command
 from jobs.slurm import JobRequest, cluster_for, ends_cancelled, stage_request
 from pretrain.neuron_compile import training_compiles
 from pretrain.spec import PretrainSpec
-from render.nxdt_scripts import CONFIG_NAME, TRAIN_LOG, node_name, train_config, train_script
+from render.nxdt_scripts import CONFIG_NAME, TRAIN_LOG, log_dir, node_name, train_config, train_script
 from tasks.artifacts import retryable
 from tasks.attempts import MetricsFollower, finish_run, job_completed, run_attempts, run_dir
+from trainer.run_layout import checkpoint_dir
 
 _STEP = re.compile(r"step=(\d+)")
 
@@ -79,7 +80,7 @@ def train_nxdt(spec: PretrainSpec, dataset: str, checkpoint: str | None = None,
                                n.hang_timeout_min * 60)
 
     def prepare(attempt: int) -> JobRequest:
-        resume = newest_checkpoint(run / "exp" / "checkpoints")
+        resume = newest_checkpoint(checkpoint_dir(log_dir(run)))
         if resume is not None:
             logger.info("train attempt %d resumes from %s", attempt + 1, resume)
         config = train_config(spec, dataset, checkpoint, resume)
@@ -87,7 +88,7 @@ def train_nxdt(spec: PretrainSpec, dataset: str, checkpoint: str | None = None,
         return stage_request(spec, f"{spec.name}-train", Command(["bash", str(script)]))
 
     attempts = run_attempts(spec, cluster, follower, n.max_restarts, prepare)
-    final = newest_checkpoint(run / "exp" / "checkpoints")
+    final = newest_checkpoint(checkpoint_dir(log_dir(run)))
     return finish_run(spec, follower, attempts, job_completed(attempts.history[-1]["outcome"]),
                       compile_rows(run, spec.cluster.nodes), status="finished",
                       step=max(follower.stream.points, default=0), run_dir=str(run),

@@ -251,13 +251,14 @@ def test_bad_inputs_are_named_and_leave_nothing_behind(hf_model, tmp_path):
 
     out = convert("hf-to-nxdt", "--input", str(src), "--output", str(tmp_path / "o3"), "--tp", "3",
                   "--hw-backend", "trn1", check=False)
-    assert out.returncode == 2 and "tp=3 does not divide the 8 attention heads" in out.stderr
+    assert out.returncode == 2 and "parallel.tp=3 does not divide model.num_attention_heads=8" in out.stderr
     out = convert("hf-to-nxdt", "--input", str(src), "--output", str(tmp_path / "o4"), "--tp", "4",
                   "--kv-multiplier", "4", "--hw-backend", "trn1", check=False)
-    assert out.returncode == 2 and "must equal tp=4" in out.stderr  # the converter's own rule, not NxD's
+    # the converter's own rule, not NxD's
+    assert out.returncode == 2 and "must equal parallel.tp=4; set parallel.kv_replicator=2" in out.stderr
     out = convert("hf-to-nxdt", "--input", str(src), "--output", str(tmp_path / "o4"), "--tp", "4",
                   "--kv-multiplier", "3", "--hw-backend", "trn1", check=False)
-    assert out.returncode == 2 and "kv multiplier 3 must divide tp=4 (NxD's GQAQKVColumnParallelLinear" in out.stderr
+    assert out.returncode == 2 and "parallel.kv_replicator=3 must divide parallel.tp=4 (NxD's" in out.stderr
 
     odd_ffn = tmp_path / "odd-ffn"  # 98 MLP rows over tp 4: NxD asserts divisibility, it does not pad
     LlamaForCausalLM(LlamaConfig(hidden_size=64, num_attention_heads=8, num_key_value_heads=2, num_hidden_layers=2,
@@ -352,12 +353,16 @@ def test_verify_and_the_way_back_check_every_copy_and_every_source_tensor(hf_mod
 
 @pytest.mark.parametrize("kv_heads, head_dim, tp, mult, message", [
     # NxD's GQAQKVColumnParallelLinear (reference/nxdt.md §1.6): tp % kv_size_multiplier == 0 ...
-    (2, 8, 4, 3, r"kv multiplier 3 must divide tp=4 \(NxD's"),
-    # ... and (kv_heads * head_dim * kv_size_multiplier) % tp == 0.
-    (1, 2, 8, 2, r"1 KV heads x head_dim 2 x kv multiplier 2 = 4 rows do not split over tp=8 \(NxD's"),
+    (2, 8, 4, 3, r"parallel.kv_replicator=3 must divide parallel.tp=4 \(NxD's"),
+    # ... and (kv_heads * head_dim * kv_size_multiplier) % tp == 0, which whole KV heads per rank
+    # imply: 1 x 2 x 2 = 4 rows over 8 ranks fail both.
+    (1, 2, 8, 2, r"model.num_kv_heads=1 x parallel.kv_replicator=2 is not divisible by parallel.tp=8: "
+                 r"set parallel.kv_replicator to one of \[8\]"),
     # NxD would split 2 x 8 x 1 = 16 rows over 8 ranks, half a KV head each; the converter moves whole heads.
-    (2, 8, 8, 1, "2 KV heads x kv multiplier 1 is not divisible by tp=8: the converter gives each rank whole"),
-    (2, 8, 4, 4, "the converter gives each rank one KV head: 2 x 4 must equal tp=4"),
+    (2, 8, 8, 1, r"model.num_kv_heads=2 x parallel.kv_replicator=1 is not divisible by parallel.tp=8: "
+                 r"set parallel.kv_replicator to one of \[4, 8\]"),
+    (2, 8, 4, 4, r"the converter \(model.init_from\) gives each rank one replicated KV head, so "
+                 r"model.num_kv_heads=2 x kv_replicator must equal parallel.tp=4; set parallel.kv_replicator=2"),
 ])
 def test_kv_multiplier_rules_name_whose_rule_is_broken(kv_heads, head_dim, tp, mult, message):
     with pytest.raises(LayoutError, match=message):

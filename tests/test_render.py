@@ -125,6 +125,24 @@ def test_render_native_writes_the_trainer_config_the_node_program_accepts(tmp_pa
     assert json.loads((out / "train.json").read_text())["checkpoint"]["dir"].endswith("/checkpoints")
 
 
+def test_every_launch_puts_its_checkpoints_where_its_train_stage_looks(tmp_path):
+    """One function (trainer/run_layout.py) names a run's checkpoint directory: the native trainer's
+    config, Megatron-LM's --save/--load and the directory the train stages resume from or report;
+    NxDT's exp_manager names it the same under its log directory, where the NxDT stage looks."""
+    from pretrain.presets import load_spec
+    from render import megatron_lm, native
+    from render.nxdt_scripts import log_dir, train_script
+    from trainer.run_layout import checkpoint_dir
+
+    run = tmp_path / "run"
+    assert checkpoint_dir(run) == run / "checkpoints"
+    config = native.train_config(load_spec("tiny-local"), dataset="/d/x_text_document", run_dir=str(run), eod_id=0)
+    assert config["checkpoint"]["dir"] == str(checkpoint_dir(run))
+    line = megatron_lm.node_command(load_spec("gpt3-7.5b-gpu"), "/d/x_text_document", run).argv[-1]
+    assert f"--save {checkpoint_dir(run)} --load {checkpoint_dir(run)}" in line
+    assert f"exp_manager.explicit_log_dir={log_dir(run)} " in train_script(load_spec("llama3-70b"), run, None)
+
+
 def test_a_blend_reaches_every_megatron_format_reader_as_weights_and_prefixes(tmp_path):
     """data.blend mixes other tokenized datasets into training by weight: the native trainer's
     paths and weights (a config it accepts), Megatron-LM's --data-path W P ..., NxDT GPT's data_prefix."""

@@ -3,6 +3,10 @@ known trap is rejected before anything is queued, naming the field and the fix."
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+
 import pytest
 
 from pretrain.presets import SpecError, apply_overrides, list_presets, load_spec
@@ -78,6 +82,71 @@ def test_the_native_trainer_refuses_parallelism_it_does_not_have():
     assert "parallel.pp=2, parallel.sequence_parallel=True: backend.kind=native trains with data parallel" in message
     assert "parallel.cp=2" in rejected("tiny-local", "parallel.cp=2")
     assert load_spec("tiny-local", ["parallel.tp=2"]).parallel.tp == 2
+
+
+GPT_NATIVE = ("model.family=gpt", "model.num_kv_heads=null", "model.rope_theta=null")  # tiny-local as GPT-2
+
+
+def trainer_refuses(tmp_path, model: dict | None = None, parallel: dict | None = None) -> str:
+    """The message the trainer's own config (trainer/train/config.py) gives: tiny-local's rendered
+    train.json with ``model`` and ``parallel`` values changed, read as the node program reads it."""
+    from render.native import train_config
+    from trainer.train.config import TrainConfig
+
+    raw = train_config(load_spec("tiny-local"), dataset="/data/d_text_document", run_dir=str(tmp_path), eod_id=0)
+    raw["model"].update(model or {})
+    raw["parallel"].update(parallel or {})
+    path = tmp_path / "train.json"
+    path.write_text(json.dumps(raw))
+    with pytest.raises(ValueError) as info:
+        TrainConfig.from_file(path)
+    return str(info.value).removeprefix(f"{path}: ")
+
+
+def test_a_native_gpt_with_tensor_parallelism_is_refused_before_anything_runs(tmp_path):
+    """GPT-2's fused c_attn cannot be split by heads: the trainer refused it on the node, after
+    fetch and tokenize had run; the spec now asks the trainer's rule."""
+    message = rejected("tiny-local", *GPT_NATIVE, "parallel.tp=2")
+    assert "parallel.tp=2 needs family=llama" in message and "use parallel.tp=1" in message
+    assert trainer_refuses(tmp_path, {"family": "gpt", "num_kv_heads": None}, {"tp": 2}) in message
+    assert load_spec("tiny-local", [*GPT_NATIVE, "parallel.tp=1"]).model.family == "gpt"
+    # Megatron-LM splits GPT by heads itself
+    assert load_spec("gpt3-7.5b-gpu").parallel.tp == 8
+
+
+def test_pretrain_validate_names_the_field_of_a_native_gpt_with_tensor_parallelism():
+    overrides = [arg for o in (*GPT_NATIVE, "parallel.tp=2") for arg in ("--set", o)]
+    bad = subprocess.run([sys.executable, "-m", "cli.main", "validate", "tiny-local", *overrides],
+                         capture_output=True, text=True, timeout=300)
+    assert bad.returncode == 2 and "parallel.tp=2 needs family=llama" in bad.stderr, bad.stderr[-2000:]
+
+
+def test_a_native_gpt_with_grouped_query_attention_is_refused_in_the_trainers_words(tmp_path):
+    message = rejected("tiny-local", "model.family=gpt", "model.rope_theta=null")  # 4 heads, 2 KV heads
+    refused = trainer_refuses(tmp_path, {"family": "gpt"})
+    assert refused.startswith("model.num_kv_heads applies to family=llama only") and refused in message
+    assert "set it to model.num_attention_heads=4" in message
+    # Megatron-LM's GPT has grouped-query attention (--group-query-attention)
+    assert load_spec("gpt3-7.5b-gpu", ["model.num_kv_heads=8"]).model.kv_heads == 8
+
+
+def test_native_tensor_parallelism_over_kv_heads_is_refused_in_the_trainers_words(tmp_path):
+    message = rejected("tiny-local", "parallel.tp=4", "cluster.devices_per_node=4", "training.global_batch_size=4")
+    assert trainer_refuses(tmp_path, parallel={"tp": 4}) in message
+    assert "model.num_kv_heads=2 is not divisible by parallel.tp=4" in message and "choose tp in [1, 2]" in message
+
+
+def test_the_spec_and_the_converter_refuse_a_kv_layout_in_the_same_words():
+    from trainer.nxdt_layout import LayoutError, NxdtLayout
+
+    for overrides, (kv, tp, mult) in [
+            (("parallel.kv_replicator=8", "model.init_from=/fsx/Meta-Llama-3-70B"), (8, 32, 8)),
+            (("parallel.kv_replicator=2",), (8, 32, 2)),
+            (("parallel.kv_replicator=3",), (8, 32, 3)),
+            (("parallel.tp=6", "parallel.kv_replicator=1"), (8, 6, 1))]:
+        with pytest.raises(LayoutError) as converter:
+            NxdtLayout(80, 64, kv, 128, tp=tp, pp=8, kv_multiplier=mult)
+        assert str(converter.value) in rejected("llama3-70b", *overrides)
 
 
 def test_kv_replication_constraints():

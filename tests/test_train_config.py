@@ -84,6 +84,44 @@ def test_heads_that_do_not_fit_the_model_are_named(tmp_path, values, message):
     assert str(raised.value) == f'{tmp_path / "train.json"}: {message}'
 
 
+@pytest.mark.parametrize("model, parallel, message", [
+    # GPT-2's fused c_attn: refused here at start-up, no longer when the mesh is applied
+    ({"family": "gpt", "num_kv_heads": None}, {"tp": 2}, "parallel.tp=2 needs family=llama"),
+    ({"family": "gpt"}, {}, "model.num_kv_heads applies to family=llama only; GPT-2 has no grouped-query "
+                            "attention: remove model.num_kv_heads or set it to model.num_attention_heads=4"),
+    ({}, {"tp": 3}, "parallel.tp=3 does not divide model.num_attention_heads=4: choose tp in [1, 2, 4]"),
+    ({}, {"tp": 4}, "model.num_kv_heads=2 is not divisible by parallel.tp=4: each tensor-parallel rank needs "
+                    "whole KV heads; choose tp in [1, 2]"),
+])
+def test_what_the_trainer_cannot_build_or_split_is_refused_in_the_specs_words(tmp_path, model, parallel, message):
+    """The rules of trainer/model_shape.py, which the spec asks as well (tests/test_spec.py)."""
+    cfg = copy.deepcopy(VALID)
+    cfg["model"].update(model)
+    cfg["parallel"] = parallel
+    path = tmp_path / "train.json"
+    path.write_text(json.dumps(cfg))
+    with pytest.raises(ValueError) as raised:
+        TrainConfig.from_file(path)
+    assert str(raised.value).startswith(f"{path}: {message}")
+
+
+def test_the_batch_arithmetic_is_one_rule_for_the_spec_and_the_trainer():
+    """global batch = micro batch x dp x accumulation, dp = world / (tp x pp x cp): the trainer's
+    loop and mesh ask these, and so does the spec, with its own section's names."""
+    from trainer.run_layout import data_parallel_size, grad_accumulation
+
+    assert data_parallel_size(16, 8) == 2 and data_parallel_size(512, 32, 8, 2) == 1
+    assert grad_accumulation(288, 1, 2) == 144
+    with pytest.raises(ValueError, match=r"^world size of this run 6 is not a multiple of parallel.tp x parallel.pp "
+                                         r"x parallel.cp = 4 x 1 x 1 = 4: change"):
+        data_parallel_size(6, 4, world="of this run ")
+    with pytest.raises(ValueError, match=r"^global_batch_size=289 is not divisible by micro_batch_size x dp = 1 x 2: "
+                                         r"use a multiple of 2$"):
+        grad_accumulation(289, 1, 2)
+    with pytest.raises(ValueError, match=r"^training.global_batch_size=289 .* training.micro_batch_size x dp"):
+        grad_accumulation(289, 1, 2, section="training.")
+
+
 def test_a_missing_field_is_named_as_missing(tmp_path):
     cfg = copy.deepcopy(VALID)
     del cfg["optim"]["lr"]

@@ -19,6 +19,8 @@ import re
 from dataclasses import dataclass
 from typing import Literal
 
+from trainer.model_shape import check_converted_kv_heads, check_heads_over_tp, check_kv_heads_over_tp
+
 # NxDT names a cut by the module it follows; "model.layers.018" would name no module.
 _CUT = re.compile(r"model\.layers\.(0|[1-9][0-9]*)")
 
@@ -41,25 +43,12 @@ class NxdtLayout:
     pipeline_cuts: tuple[int, ...] = ()  # index of the last layer of each stage but the last
 
     def __post_init__(self) -> None:
-        if self.num_heads % self.tp:
-            raise LayoutError(f"tp={self.tp} does not divide the {self.num_heads} attention heads")
-        # NxD's GQAQKVColumnParallelLinear refuses these itself (reference/nxdt.md §1.6).
-        if self.tp % self.kv_multiplier:
-            raise LayoutError(f"kv multiplier {self.kv_multiplier} must divide tp={self.tp} (NxD's "
-                              "GQAQKVColumnParallelLinear: tp % kv_size_multiplier == 0)")
-        kv_rows = self.num_kv_heads * self.head_dim * self.kv_multiplier
-        if kv_rows % self.tp:
-            raise LayoutError(f"{self.num_kv_heads} KV heads x head_dim {self.head_dim} x kv multiplier "
-                              f"{self.kv_multiplier} = {kv_rows} rows do not split over tp={self.tp} (NxD's "
-                              "GQAQKVColumnParallelLinear); choose a multiplier that makes them divisible")
-        # Stricter than NxD: this layout moves whole KV heads, and with replication one per rank.
-        if (self.num_kv_heads * self.kv_multiplier) % self.tp:
-            raise LayoutError(f"{self.num_kv_heads} KV heads x kv multiplier {self.kv_multiplier} is not "
-                              f"divisible by tp={self.tp}: the converter gives each rank whole KV heads; "
-                              "choose a multiplier that makes it so")
-        if self.kv_multiplier > 1 and self.num_kv_heads * self.kv_multiplier != self.tp:
-            raise LayoutError(f"with a kv multiplier, the converter gives each rank one KV head: "
-                              f"{self.num_kv_heads} x {self.kv_multiplier} must equal tp={self.tp}")
+        try:  # the spec asks the same rules, before anything is queued
+            check_heads_over_tp(self.num_heads, self.tp)
+            check_kv_heads_over_tp(self.num_kv_heads, self.tp, self.kv_multiplier)
+            check_converted_kv_heads(self.num_kv_heads, self.tp, self.kv_multiplier)
+        except ValueError as exc:
+            raise LayoutError(str(exc)) from None
         if self.pipeline_cuts and len(self.pipeline_cuts) != self.pp - 1:
             raise LayoutError(f"{len(self.pipeline_cuts)} pipeline cuts for pp={self.pp}; give {self.pp - 1}")
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from trainer.model_shape import check_attention_shape
+from trainer.model_shape import check_attention_shape, check_native_model, check_native_tp
 from trainer.train.data import DataConfig
 from trainer.train.metrics import MetricsConfig
 
@@ -39,8 +39,7 @@ class ModelConfig:
 
     def __post_init__(self) -> None:
         check_attention_shape(self.hidden_size, self.num_attention_heads, self.kv_heads)
-        if self.family == "gpt" and self.kv_heads != self.num_attention_heads:
-            raise ValueError("model.num_kv_heads applies to family=llama only; GPT-2 has no grouped-query attention")
+        check_native_model(self.family, self.num_attention_heads, self.kv_heads)
 
     @property
     def kv_heads(self) -> int:
@@ -130,9 +129,8 @@ class TrainConfig:
                              f"{self.model.max_position_embeddings}: shorten the sequence or enlarge the model's positions")
         if self.steps < 1 or self.micro_batch_size < 1 or self.global_batch_size < 1:
             raise ValueError("steps, micro_batch_size and global_batch_size must be at least 1")
-        if self.model.num_attention_heads % self.parallel.tp or self.model.kv_heads % self.parallel.tp:
-            raise ValueError(f"parallel.tp={self.parallel.tp} must divide model.num_attention_heads="
-                             f"{self.model.num_attention_heads} and the KV heads ({self.model.kv_heads})")
+        m = self.model
+        check_native_tp(m.family, m.num_attention_heads, m.kv_heads, self.parallel.tp)
 
     @property
     def evaluates(self) -> bool:

@@ -17,6 +17,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.distributed.checkpoint.stateful import Stateful
 
+from trainer.run_layout import grad_accumulation
 from trainer.train import device as devices
 from trainer.train import model as models
 from trainer.train.checkpoint import Checkpointer, ModelAndOptimizer
@@ -91,10 +92,7 @@ class Trainer:
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
         mesh = build_mesh(self.device, self.world, cfg.parallel.tp)
         dp_rank, dp_size = mesh["dp"].get_local_rank(), mesh["dp"].size()
-        if cfg.global_batch_size % (cfg.micro_batch_size * dp_size):
-            raise ValueError(f"global_batch_size={cfg.global_batch_size} is not divisible by micro_batch_size x dp "
-                             f"= {cfg.micro_batch_size} x {dp_size}")
-        self.grad_accumulation = cfg.global_batch_size // (cfg.micro_batch_size * dp_size)
+        self.grad_accumulation = grad_accumulation(cfg.global_batch_size, cfg.micro_batch_size, dp_size)
 
         self.model = models.build(cfg.model, cfg.seed)
         self.sharded = parallelize(self.model, mesh, cfg, self.device)

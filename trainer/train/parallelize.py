@@ -12,14 +12,14 @@ from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor, Shard
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
+from trainer.run_layout import data_parallel_size
 from trainer.train import device as devices
 from trainer.train.config import TrainConfig
 
 
 def build_mesh(device: torch.device, world_size: int, tp: int) -> DeviceMesh:
-    if world_size % tp:
-        raise ValueError(f"parallel.tp={tp} does not divide the {world_size} ranks of this run")
-    return init_device_mesh(device.type, (world_size // tp, tp), mesh_dim_names=("dp", "tp"))
+    dp = data_parallel_size(world_size, tp, world="of this run ")
+    return init_device_mesh(device.type, (dp, tp), mesh_dim_names=("dp", "tp"))
 
 
 def decoder_blocks(model: torch.nn.Module) -> torch.nn.ModuleList:
@@ -31,10 +31,8 @@ def decoder_blocks(model: torch.nn.Module) -> torch.nn.ModuleList:
 def apply_tp(model: torch.nn.Module, tp_mesh: DeviceMesh) -> None:
     """Megatron's layout: Q/K/V and the MLP's first matrices split by output (column), the
     attention output and the MLP's last matrix by input (row), one all-reduce each. Each rank
-    keeps whole heads, and HF's attention reshapes with -1 heads, so it runs unchanged."""
-    if not hasattr(model, "model"):
-        raise ValueError("parallel.tp > 1 needs family=llama: GPT-2's fused Conv1D c_attn cannot be split "
-                         "by heads without reordering it; use tp=1 (FSDP) for GPT models")
+    keeps whole heads, and HF's attention reshapes with -1 heads, so it runs unchanged. Llama only:
+    the config refused anything else at start-up (trainer.model_shape.check_native_tp)."""
     plan = {"self_attn.q_proj": ColwiseParallel(), "self_attn.k_proj": ColwiseParallel(),
             "self_attn.v_proj": ColwiseParallel(), "self_attn.o_proj": RowwiseParallel(),
             "mlp.gate_proj": ColwiseParallel(), "mlp.up_proj": ColwiseParallel(), "mlp.down_proj": RowwiseParallel()}
