@@ -9,7 +9,11 @@
   skipped) record occurrences, not metrics.
 
 Lines that look like metrics but do not parse are skipped and counted, never raised: a log is
-evidence, and one garbled line must not hide the rest of a loss curve (reference/nxdt.md §4).
+evidence, and one garbled line must not hide the rest of a loss curve. The producers:
+aws-neuron/neuronx-distributed-training ``src/neuronx_distributed_training/lightning_modules/model/base.py``
+(``log_metrics``) drawn by Lightning-AI/pytorch-lightning
+``src/lightning/pytorch/callbacks/progress/tqdm_progress.py``; NVIDIA/Megatron-LM
+``megatron/training/training.py`` (``training_log``).
 """
 
 from __future__ import annotations
@@ -23,8 +27,8 @@ from datetime import datetime
 NXDT_KEYS = {"reduced_train_loss": "loss", "lr": "lr", "gradient_norm": "grad_norm",
              "parameter_norm": "param_norm", "consumed_samples": "consumed_samples",
              "throughput": "throughput_seq_s", "throughput_peak": "throughput_peak_seq_s", "val_loss": "val_loss"}
-# Megatron-LM's labels (reference/nxdt.md §4.3; energy and power with --log-energy, the decoupled
-# lr in megatron-core 0.6-0.14), then the native trainer's additions under its JSON names, so its
+# Megatron-LM's labels (``training_log`` in NVIDIA/Megatron-LM megatron/training/training.py;
+# energy and power with --log-energy, the decoupled lr in megatron-core 0.6-0.14), then the native trainer's additions under its JSON names, so its
 # console parses to what its metrics file holds. Any other ``label: number`` field (MoE and MTP
 # losses such as ``load_balancing_loss`` or ``mtp_1 loss``, fields of later versions) is kept
 # under its snake_case label (``_snake``): a new Megatron-LM loses nothing.
@@ -73,8 +77,9 @@ def _snake(label: str) -> str:
 def _rounded(text: str) -> bool:
     """Whether tqdm printed a count rounded: its ``format_num`` switches to ``'{:.3g}'`` (3
     significant digits, exponent form) when that is shorter than ``str(n)``, so consumed_samples
-    100352 prints as ``1e+5`` and 102400.0 as ``1.02e+5`` (reference/nxdt.md §4.1). Counts print
-    without an exponent only when exact; a float global_step is rounded already at 1000-1005
+    100352 prints as ``1e+5`` and 102400.0 as ``1.02e+5`` (``Tqdm.format_num`` in
+    Lightning-AI/pytorch-lightning src/lightning/pytorch/callbacks/progress/tqdm_progress.py).
+    Counts print without an exponent only when exact; a float global_step is rounded already at 1000-1005
     (``1e+3``), in bands around later thousands, and from 99950 on always."""
     return "e" in text.lower()
 
@@ -91,7 +96,8 @@ def _nxdt(line: str, stream: MetricsStream) -> bool:
         if _rounded(pairs["global_step"]):
             raise ValueError(f"rounded global_step={pairs['global_step']}")
         # Lightning's global_step before its increment: 0 during the first step, whose
-        # consumed_samples is already 1 x GBS (reference/nxdt.md §4.1). Steps count from 1, as
+        # consumed_samples is already 1 x GBS (``log_metrics`` in aws-neuron/neuronx-distributed-training
+        # src/neuronx_distributed_training/lightning_modules/model/base.py). Steps count from 1, as
         # Megatron-LM's iterations and the native trainer's do.
         step = int(float(pairs["global_step"])) + 1
         # A rounded consumed_samples is dropped rather than reported as exact; the step stays.

@@ -211,7 +211,7 @@ class Restarts(Strict):
 
 class NeuronSpec(Restarts):
     """NxD Training settings; defaults are the values of NxDT's hf_llama3_70B_config.yaml
-    (reference/nxdt.md §3.3)."""
+    (aws-neuron/neuronx-distributed-training examples/conf/hf_llama3_70B_config.yaml)."""
 
     instance_type: Literal["trn1", "trn2"] = Field(description="trn1.32xlarge or trn2.48xlarge.")
     lnc: int | None = Field(None, description="Logical NeuronCore size: trn2 defaults to 2, trn1 is 1.")
@@ -382,7 +382,9 @@ class PretrainSpec(Strict):
         # asked of the rule the trainer runs by; either raises naming its fields
         self.grad_accumulation  # noqa: B018
         # NxD's automatic partition puts the remainder on the last stages, as the converter does
-        # (reference/nxdt.md §1.7). Megatron-LM needs equal stages and reads no pipeline_cuts.
+        # (``create_partitions`` in aws-neuron/neuronx-distributed
+        # src/neuronx_distributed/pipeline/partition.py). Megatron-LM needs equal stages and reads
+        # no pipeline_cuts.
         if self.backend.kind != "neuron" and m.num_layers % p.pp:
             raise ValueError(f"model.num_layers={m.num_layers} is not divisible by parallel.pp={p.pp}: "
                              "change pp (uneven stages are for backend.kind=neuron)")

@@ -1,6 +1,6 @@
 """Command lines rendered from the spec, so a conversion and the training configuration that
-loads its output can never disagree (reference/nxdt.md §1.2, §1.6, §1.7: the runbooks' fused
-QKV, trn2 K/V layout and trn2 pipeline-cut mismatches)."""
+loads its output can never disagree (the runbooks' fused QKV, trn2 K/V layout and trn2
+pipeline-cut mismatches, with their public sources: docs/stages.md, "convert")."""
 
 from __future__ import annotations
 
@@ -26,7 +26,8 @@ def convert_flags(spec: PretrainSpec) -> list[str]:
 
 def expected_config(spec: PretrainSpec) -> dict[str, int]:
     """The config.json values the NxDT YAML assumes: it takes the shape from the spec, the
-    converter from config.json (reference/nxdt.md §1.2), so the converter compares the two."""
+    converter from config.json (its ``--config``: aws-neuron/neuronx-distributed
+    ``src/neuronx_distributed/scripts/checkpoint_converter.py``), so the converter compares the two."""
     m = spec.model
     return {"num_hidden_layers": m.num_layers, "hidden_size": m.hidden_size, "intermediate_size": m.ffn_hidden_size,
             "num_attention_heads": m.num_attention_heads, "num_key_value_heads": m.kv_heads,

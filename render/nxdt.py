@@ -1,6 +1,7 @@
 """NxD Training launch files from the spec: the conf YAML that ``training_orchestrator.py``
 reads, the environment that ``train.sh``/``train_setup.sh`` set, and the per-node torchrun line
-(reference/nxdt.md §3).
+(``examples/train.sh``, ``examples/train_setup.sh``, ``examples/training_orchestrator.py`` and
+``examples/conf/`` in aws-neuron/neuronx-distributed-training; docs/render.md).
 
 The YAML holds every value the runbooks publish, taken from the one spec that also renders the
 conversion flags, so the two cannot disagree.

@@ -3,7 +3,8 @@ that training finds every graph there. Native backend: a short torch.compile war
 trainer itself (:func:`precompile_native`). Neuron backend: ``neuron_parallel_compile`` around
 the training launch (:func:`precompile_neuron`).
 
-Each node runs what NxDT's train.sh runs with ``COMPILE=1`` (reference/nxdt.md §2): the same
+Each node runs what NxDT's train.sh runs with ``COMPILE=1`` (``examples/train.sh`` and
+``examples/training_orchestrator.py`` in aws-neuron/neuronx-distributed-training): the same
 torchrun line and conf YAML as the train stage, capped at 10 steps, in a directory of its own
 where it leaves its log and the results JSON. The task turns each node's results into a table
 (node, total, succeeded, failed) and fails when a graph failed to compile; Prefect's retry then

@@ -1,5 +1,6 @@
 """train (neuron backend): NxD Training's ``training_orchestrator.py`` under torchrun on every
-node, with the conf YAML and the compile cache of the precompile stage (reference/nxdt.md §3.2).
+node, with the conf YAML and the compile cache of the precompile stage (``examples/train.sh`` in
+aws-neuron/neuronx-distributed-training; docs/stages.md, "train, neuron backend").
 
 Each node runs train.sh's line, the one precompile ran inside ``neuron_parallel_compile``, in
 ``<run>/node-<rank>/`` and logs to ``train.log`` there; node 0's log (NxDT's Lightning progress
@@ -38,7 +39,8 @@ _STEP = re.compile(r"step=(\d+)")
 
 def newest_checkpoint(checkpoints: Path) -> Path | None:
     """The complete checkpoint of the highest step under ``checkpoints``: NxD writes ``done``
-    into a checkpoint's directory only when every rank has saved (reference/nxdt.md §1.4)."""
+    into a checkpoint's directory only when every rank has saved (aws-neuron/neuronx-distributed
+    ``src/neuronx_distributed/trainer/checkpoint.py``, ``save_checkpoint``)."""
     complete = [d for d in checkpoints.glob("*") if (d / "done").is_file()] if checkpoints.is_dir() else []
 
     def order(path: Path) -> tuple[int, float]:

@@ -1,7 +1,11 @@
 """HF <-> NxDT checkpoint conversion on a small random Llama with GQA (8 heads, 2 KV heads,
 tp 4, pp 2, KV multiplier 2), for trn1 and trn2: names and per-rank shapes, the round trip,
 and logits computed from the shards the way tensor-parallel layers compute them. Llama-3 70B's
-head placement, per-rank shapes and pipeline stages are pinned to reference/nxdt.md's tables."""
+head placement, per-rank shapes and pipeline stages are pinned to NxD's layout for its 70B
+config.json (in aws-neuron/neuronx-distributed: the converter's split and Q reorder,
+``convert_full_state_to_tp`` in src/neuronx_distributed/scripts/checkpoint_converter.py; trn2's
+K/V as src/neuronx_distributed/modules/qkv_linear.py lays them out; the config is
+examples/training/llama/tp_pp_llama_hf_pretrain/70B_config_llama3/config.json)."""
 
 from __future__ import annotations
 
@@ -352,7 +356,8 @@ def test_verify_and_the_way_back_check_every_copy_and_every_source_tensor(hf_mod
 
 
 @pytest.mark.parametrize("kv_heads, head_dim, tp, mult, message", [
-    # NxD's GQAQKVColumnParallelLinear (reference/nxdt.md §1.6): tp % kv_size_multiplier == 0 ...
+    # NxD's GQAQKVColumnParallelLinear (aws-neuron/neuronx-distributed
+    # src/neuronx_distributed/modules/qkv_linear.py): tp % kv_size_multiplier == 0 ...
     (2, 8, 4, 3, r"parallel.kv_replicator=3 must divide parallel.tp=4 \(NxD's"),
     # ... and (kv_heads * head_dim * kv_size_multiplier) % tp == 0, which whole KV heads per rank
     # imply: 1 x 2 x 2 = 4 rows over 8 ranks fail both.
@@ -445,7 +450,8 @@ def test_a_malformed_cut_exits_2_without_a_traceback(hf_model, tmp_path):
 
 
 def test_without_cuts_the_remainder_goes_to_the_last_stages_as_in_nxd(hf_model, tmp_path):
-    # NxD create_partitions (reference/nxdt.md §1.7): L//P layers each, the remainder to the last stages.
+    # NxD create_partitions (aws-neuron/neuronx-distributed src/neuronx_distributed/pipeline/partition.py):
+    # L//P layers each, the remainder to the last stages.
     assert [len(NxdtLayout(10, 8, 2, 8, tp=2, pp=4).layers_of_stage(s)) for s in range(4)] == [2, 2, 3, 3]
     _, src = hf_model
     record = json.loads(convert("hf-to-nxdt", "--input", str(src), "--output", str(tmp_path / "o"), "--tp", str(TP),
@@ -485,12 +491,13 @@ def test_nxdt_to_hf_verify_reads_the_written_safetensors_back(hf_model, tmp_path
     assert not (tmp_path / "checked").exists()
 
 
-# ------------------------------------------------------------------ Llama-3 70B, the reference's tables
+# ------------------------------------------------------------------ Llama-3 70B, NxD's converter's layout
 
 
 class Llama3_70B:
-    """Llama-3-70B's config.json (reference/nxdt.md §1.6) with meta tensors: the converter's own
-    slicing runs and gives every per-rank shape, and no byte is read or allocated."""
+    """Llama-3-70B's config.json (aws-neuron/neuronx-distributed
+    examples/training/llama/tp_pp_llama_hf_pretrain/70B_config_llama3/config.json) with meta
+    tensors: the converter's own slicing runs and gives every per-rank shape, and no byte is read or allocated."""
 
     config = {"hidden_size": 8192, "intermediate_size": 28672, "vocab_size": 128256, "num_attention_heads": 64,
               "num_key_value_heads": 8, "num_hidden_layers": 80}
@@ -522,7 +529,8 @@ def per_rank_shapes(lay: NxdtLayout, tp_rank: int, pp_rank: int) -> dict[str, li
 
 @pytest.mark.parametrize("backend, pp", [("trn1", 8), ("trn2", 4)])
 def test_llama3_70b_per_rank_shapes_are_the_references(backend, pp):
-    # reference/nxdt.md §1.6, "Llama-3-70B per-rank shapes, tp=32, kv multiplier 4": the same on both.
+    # Llama-3-70B per-rank shapes at tp=32, kv multiplier 4, as NxD's convert_full_state_to_tp splits
+    # them (each split dimension / 32, K/V after x4 replication): the same on both.
     attn, mlp, vocab = "model.layers.N.self_attn", "model.layers.N.mlp", [4008, 8192]
     layer = {f"{attn}.o_proj.weight": [8192, 256], f"{mlp}.gate_up_proj.weight": [1792, 8192],
              f"{mlp}.down_proj.weight": [8192, 896], "model.layers.N.input_layernorm.weight": [8192],
@@ -540,7 +548,7 @@ def test_llama3_70b_per_rank_shapes_are_the_references(backend, pp):
 def test_llama3_70b_head_placement_is_the_references():
     trn1, trn2 = llama3_70b("trn1", 8), llama3_70b("trn2", 4)
     for r in range(32):
-        # trn1 (reference table): Q heads {8(r%8)+2(r//8), +1}, K/V head r%8 (NxD's tiling).
+        # trn1 (NxD's converter's Q reorder): Q heads {8(r%8)+2(r//8), +1}, K/V head r%8 (NxD's tiling).
         assert trn1.q_heads(r) == [8 * (r % 8) + 2 * (r // 8), 8 * (r % 8) + 2 * (r // 8) + 1]
         assert trn1.kv_heads(r) == [r % 8]
         # trn2: Q heads {2r, 2r+1}, group r//4. The K/V head is r//4, the repeat_interleave NxD's

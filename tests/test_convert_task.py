@@ -32,7 +32,9 @@ def test_flags_come_from_the_spec_that_also_configures_training():
 
 
 def test_the_command_carries_the_model_shape_the_yaml_is_rendered_with():
-    # Meta-Llama-3-70B's config.json must say what the 70B YAML says (reference/nxdt.md §1.6, §3.3).
+    # Meta-Llama-3-70B's config.json must say what the 70B YAML says (aws-neuron/neuronx-distributed
+    # examples/training/llama/tp_pp_llama_hf_pretrain/70B_config_llama3/config.json against
+    # aws-neuron/neuronx-distributed-training examples/conf/hf_llama3_70B_config.yaml).
     argv = convert_command(load_spec("llama3-70b"), "/fsx/Meta-Llama-3-70B", "/fsx/out")
     assert argv[argv.index("--expect") + 1:] == [
         "num_hidden_layers=80", "hidden_size=8192", "intermediate_size=28672", "num_attention_heads=64",

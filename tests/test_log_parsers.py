@@ -21,7 +21,8 @@ MEGATRON = (" [2026-05-04 12:00:01.123456] iteration       10/  500000 | consume
 MEGATRON_OLD = (" iteration       20/  500000 | consumed samples:         5760 | elapsed time per iteration (ms): 1800.0 | "
                 "learning rate: 6.000E-05 | global batch size:   288 | lm loss: 8.500000E+00 | loss scale: 1.0 | "
                 "number of skipped iterations:   0 | number of nan iterations:   0 |")
-# Every field of reference/nxdt.md §4.3 in its order, the optional ones with Megatron-LM's labels:
+# Every field of Megatron-LM's iteration line in its order (``training_log`` in NVIDIA/Megatron-LM
+# megatron/training/training.py), the optional ones with Megatron-LM's labels:
 # skipped samples, throughput, energy and power, the decoupled lr (megatron-core 0.6-0.14), an MTP
 # loss and MoE losses, num zeros, params norm.
 MEGATRON_FULL = (" [2026-05-04 12:00:01.123456] iteration      300/  500000 | consumed samples:        86400 | "
@@ -122,7 +123,8 @@ def test_torn_lines_report_no_cut_value():
 
 def _bar_number(n: float) -> str:
     """How Lightning's progress bar prints a float metric: tqdm's format_num, then numbers
-    without an exponent right-padded to 5 characters (reference/nxdt.md §4.1)."""
+    without an exponent right-padded to 5 characters (``Tqdm.format_num`` in Lightning-AI/pytorch-lightning
+    src/lightning/pytorch/callbacks/progress/tqdm_progress.py)."""
     text = tqdm.format_num(n)
     return text if "e" in text else (text if "." in text else text + ".").ljust(5, "0")
 

@@ -1,5 +1,6 @@
 """NxDT launch rendering: every value the runbooks publish for the five Trainium presets
-(reference/nxdt.md §3), the environment train.sh sets, and the per-node torchrun line."""
+(aws-neuron/neuronx-distributed-training examples/conf/), the environment train.sh sets, and the
+per-node torchrun line (its examples/train.sh and examples/train_setup.sh)."""
 
 from __future__ import annotations
 
@@ -120,7 +121,8 @@ def test_pipeline_cuts_nxd_cannot_place_are_rejected(cuts, message):
 
 
 def test_layers_not_divisible_by_pp_are_left_to_nxds_automatic_partition():
-    # NxD puts the remainder on the last stages (reference/nxdt.md §1.7), the converter too.
+    # NxD puts the remainder on the last stages (``create_partitions`` in aws-neuron/neuronx-distributed
+    # src/neuronx_distributed/pipeline/partition.py), the converter too.
     spec = load_spec("llama3-70b", ["parallel.pp=3", "cluster.nodes=12"])   # 80 layers = 26 + 27 + 27
     assert "pipeline_cuts" not in nxdt_config(spec, "/data")["model"]
     # Megatron-LM needs equal stages, and pipeline_cuts are NxDT's: they do not excuse uneven ones.
@@ -130,7 +132,8 @@ def test_layers_not_divisible_by_pp_are_left_to_nxds_automatic_partition():
 
 
 def test_train_sh_environment_and_torchrun_line():
-    # train_setup.sh's Slurm branch and what it sets in all branches (reference/nxdt.md §3.1)
+    # train_setup.sh's Slurm branch and what it sets in all branches (aws-neuron/neuronx-distributed-training
+    # examples/train_setup.sh)
     assert train_environment() == {
         "FI_EFA_USE_DEVICE_RDMA": "1", "FI_PROVIDER": "efa", "FI_EFA_FORK_SAFE": "1",
         "XLA_DISABLE_FUNCTIONALIZATION": "0", "HYDRA_FULL_ERROR": "1", "MASTER_PORT": "41000",

@@ -1,7 +1,10 @@
 """The neuron precompile stage: the job rendered from the spec (one neuron_parallel_compile per
 node around the training's own torchrun line, capped steps, per-node or shared cache, retry of
 failed graphs only), and the per-node table and failure decision built from the results in every
-published form (reference/nxdt.md §2.5). neuron_parallel_compile itself never runs here."""
+published form (the log lines and results JSON of
+https://awsdocs-neuron.readthedocs-hosted.com/en/latest/frameworks/torch/torch-neuronx/api-reference-guide/training/pytorch-neuron-parallel-compile.html
+and of aws-neuron/neuronx-distributed-training docs/tutorials/hf_llama3_70B_pretraining.rst).
+neuron_parallel_compile itself never runs here."""
 
 from __future__ import annotations
 

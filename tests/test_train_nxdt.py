@@ -1,5 +1,7 @@
 """The neuron backend's train stage, built on NxDT's documented launch, checkpoint layout and log
-lines (reference/nxdt.md §1.3-1.4, §2, §3.2, §4.1) and tested by rendering and parsing: no
+lines (aws-neuron/neuronx-distributed src/neuronx_distributed/trainer/checkpoint.py;
+aws-neuron/neuronx-distributed-training examples/train.sh and
+src/neuronx_distributed_training/lightning_modules/model/base.py) and tested by rendering and parsing: no
 Trainium and no Neuron SDK here."""
 
 from __future__ import annotations

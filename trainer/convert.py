@@ -192,7 +192,9 @@ def with_defaults(config: dict) -> dict:
 
 def check_expected(config: dict, path: Path, expected: list[tuple[str, int]]) -> None:
     """The NxDT YAML takes the model's shape from the spec, the shards take it from config.json
-    (reference/nxdt.md §1.2): a checkpoint of another shape is refused before it is sharded."""
+    (NxD's converter reads the heads, hidden size and layers from ``--config``:
+    aws-neuron/neuronx-distributed ``src/neuronx_distributed/scripts/checkpoint_converter.py``): a
+    checkpoint of another shape is refused before it is sharded."""
     config = with_defaults(config)
     if wrong := [f"{field} is {config.get(field, 'absent')}, the spec says {value}"
                  for field, value in expected if config.get(field) != value]:
@@ -232,7 +234,8 @@ def check_shapes(ckpt: HFCheckpoint, layout: NxdtLayout) -> None:
     if any(key.startswith(f"model.layers.{layout.num_layers}.") for key in ckpt.where):
         raise ConvertError(f"{ckpt.directory / 'config.json'} does not match the tensors: num_hidden_layers="
                            f"{layout.num_layers}, but the checkpoint holds model.layers.{layout.num_layers} and more")
-    # NxD's parallel layers assert size % tp == 0 and do not pad (reference/nxdt.md §1.6)
+    # NxD's parallel layers assert size % tp == 0 and do not pad (``convert_full_state_to_tp`` in
+    # aws-neuron/neuronx-distributed src/neuronx_distributed/scripts/checkpoint_converter.py)
     for field in ("vocab_size", "intermediate_size"):
         if ckpt.config[field] % layout.tp:
             raise ConvertError(f"{ckpt.directory / 'config.json'}: {field} {ckpt.config[field]} is not divisible "

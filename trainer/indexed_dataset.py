@@ -1,7 +1,7 @@
 """Megatron indexed datasets (``PREFIX.bin`` + ``PREFIX.idx``), written in bulk.
 
-The bytes are exactly what megatron-core's ``IndexedDatasetBuilder`` writes (reference/
-megatron-data.md §2): a 34-byte header, int32 sequence lengths, int64 byte pointers, int64
+The bytes are exactly what megatron-core's ``IndexedDatasetBuilder`` writes (NVIDIA/Megatron-LM
+``megatron/core/datasets/indexed_dataset.py``): a 34-byte header, int32 sequence lengths, int64 byte pointers, int64
 document indices. One sequence per document; an empty document is a document with no
 sequence, as in ``preprocess_data.py``.
 

@@ -1,5 +1,6 @@
 """NxD's Hugging Face Arrow format for ``hf_llama`` models: what NxD's ``get_dataset.py`` saves
-(reference/nxdt.md §5.1).
+(aws-neuron/neuronx-distributed ``examples/training/llama/get_dataset.py``; NxDT reads it with
+``datasets.load_from_disk(data.train_dir)``).
 
 Documents are tokenized with the tokenizer's own specials (Llama 3: BOS first, no EOS),
 concatenated in groups of 1,000 documents (``datasets.map``'s default batch), and each group is

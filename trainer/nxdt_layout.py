@@ -1,6 +1,8 @@
 """Where each parameter of a Hugging Face Llama lives in NxD Training's sharded checkpoint
 (``model/dp_rank_00_tp_rank_XX_pp_rank_YY.pt``), for a given tp, pp, KV replication and
-hardware backend (reference/nxdt.md §1.5-1.7).
+hardware backend (in aws-neuron/neuronx-distributed, under ``src/neuronx_distributed/``:
+``scripts/checkpoint_converter.py``, ``modules/qkv_linear.py``, ``pipeline/partition.py``; see
+docs/stages.md, "convert").
 
 Pure index arithmetic, no tensors: the converter reads exactly the rows and columns a shard
 needs, and the tests check the placement on its own.
@@ -10,7 +12,9 @@ time, so every rank's Q heads attend with the K/V head it holds:
 - trn1: K/V tiled (``repeat``: K0..K7, K0..K7, ...), Q heads reordered to match;
 - trn2: K/V interleaved (``repeat_interleave``: K0, K0, K0, K0, K1, ...), Q heads in order.
 NxD's own converter tiles K/V on trn2 too, which pairs most trn2 ranks with the wrong K/V head
-(reference/nxdt.md §1.6); this layout follows the model instead.
+(``convert_full_state_to_tp`` in NxD's ``scripts/checkpoint_converter.py``, against
+``_initialize_affine_weight`` in its ``modules/qkv_linear.py``); this layout follows the model
+instead.
 """
 
 from __future__ import annotations

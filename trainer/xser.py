@@ -1,5 +1,6 @@
 """torch_xla's xser layout, which NxD Training saves checkpoints in (``save_xser: True``) and the
-runbooks' converter writes with ``--save_xser`` (reference/nxdt.md §1.3-1.4):
+runbooks' converter writes with ``--save_xser`` (pytorch/xla ``torch_xla/utils/serialization.py``;
+aws-neuron/neuronx-distributed ``src/neuronx_distributed/trainer/checkpoint.py``):
 
     dp_rank_00_tp_rank_00_pp_rank_00.pt                  the state with each tensor replaced by a
                                                          torch_xla.utils.serialization.TensorReference(tid)

@@ -1,5 +1,6 @@
 """A real single-node Slurm cluster with accounting: munged, MariaDB, slurmdbd, slurmctld and
-slurmd, configured and kept under the stack directory (reference/slurm-local.md).
+slurmd, configured and kept under the stack directory (docs/local-stack.md, "Slurm settings";
+slurm.conf(5), slurmdbd.conf(5)).
 
 The daemons run as root with their own sockets, ports, pid files and state, so nothing in
 /etc or /var/lib is edited and a second cluster can run beside the first on other ports.
@@ -78,7 +79,7 @@ def write_config(layout: SlurmLayout) -> None:
     r, port = layout.root, layout.base_port
     auth = f"socket={layout.munge_socket}"
     layout.conf.write_text(f"""\
-# Written by `pretrain stack`; settings explained in reference/slurm-local.md.
+# Written by `pretrain stack`; settings explained in docs/local-stack.md and slurm.conf(5).
 ClusterName=pretrain
 SlurmctldHost=localhost
 SlurmctldPort={port}
@@ -229,7 +230,8 @@ def _wait_idle(layout: SlurmLayout) -> None:
     try:
         wait_until(lambda: _node_state(layout) in ("idle", "mix", "alloc"), 15, "the Slurm node", log)
     except StackError:
-        # A DRAIN reason saved before a crash survives restarts (reference/slurm-local.md §8).
+        # A DRAIN reason saved before a crash survives restarts, and ReturnToService=2 does not
+        # clear one set for an invalid registration (docs/local-stack.md, "Slurm settings").
         subprocess.run(["scontrol", "update", "nodename=localhost", "state=resume"],
                        capture_output=True, env=layout.env)
         wait_until(lambda: _node_state(layout) in ("idle", "mix", "alloc"), 30,

@@ -16,9 +16,10 @@ import torch
 import torch.distributed as dist
 from torch.distributed.checkpoint.staging import StagingOptions
 
-# Dense bf16 peak per device, for MFU (reference/megatron-data.md §8.1: "H100 SXM 989, H200 989,
-# A100 312 TFLOP/s"). Matched against the device name; unknown devices report no MFU rather than
-# a wrong one. PRETRAIN_PEAK_TFLOPS overrides for any device (e.g. a Trainium NeuronCore).
+# Dense bf16 peak per device, for MFU: H100 SXM 989, H200 989, A100 312 TFLOP/s (NVIDIA's
+# datasheets quote twice these, "with sparsity"; the dense values are those of the table in
+# https://github.com/karpathy/nanochat/issues/60). Matched against the device name; unknown
+# devices report no MFU rather than a wrong one. PRETRAIN_PEAK_TFLOPS overrides for any device (e.g. a Trainium NeuronCore).
 PEAK_BF16_FLOPS = {"H200": 989e12, "H100": 989e12, "A100": 312e12}
 
 
