@@ -141,8 +141,9 @@ def _summary(spec: PretrainSpec, stage: StageTimer, outcome: str, failure: BaseE
     compiled += [{"stage": "train", **row} for row in (train_result or {}).get("compiled_during_training", [])]
     attempts = train_result["attempts"] if train_result else getattr(failure, "attempts", None) or []
     outcomes = {attempt["job"]: attempt["outcome"] for attempt in attempts}
+    # An attempt's outcome says more (in the trainer's words) than the job's Slurm state.
     jobs = [{"stage": job["name"].removeprefix(f"{spec.name}-"), "job_id": job["job_id"], "nodes": job["nodes"],
-             "outcome": outcomes.get(job["job_id"], "")} for job in jobs_of_this_flow_run()]
+             "outcome": outcomes.get(job["job_id"]) or job["outcome"]} for job in jobs_of_this_flow_run()]
     measured = train_result["metrics"] if train_result else getattr(failure, "metrics", None)
     return RunSummary(spec=spec.model_dump(mode="json"), outcome=outcome, code_version=manifest.code_version(),
                       packages=package_versions(), slurm_jobs=jobs, stage_seconds=stage.seconds,

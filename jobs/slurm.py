@@ -14,6 +14,7 @@ import logging
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -296,17 +297,50 @@ def _remember(names: list[str], jobs: list[submitit.Job]) -> None:
     _submitted.setdefault(flow_run.get_id(), []).extend(zip(names, jobs))
 
 
+def local_node() -> str:
+    """The node of a local-executor job: this machine, by its host name, which is also what the
+    node programs record where Slurm names no node (``SLURMD_NODENAME`` unset)."""
+    return socket.gethostname()
+
+
+def job_outcome(record: SacctRecord) -> str:
+    """How a job ended, from its accounting record: "completed" (the word the train stage's
+    attempts use), else Slurm's state with a non-zero exit code (``FAILED with exit code 1:0``);
+    "" while it may still run."""
+    if record.state == "COMPLETED":
+        return "completed"
+    if record.state == "ENDED_UNKNOWN":
+        return "ended (no Slurm accounting to say how)"
+    if record.state not in TERMINAL_STATES and record.state != "PREEMPTED":
+        return ""
+    return record.state + (f" with exit code {record.exit_code}" if record.exit_code not in ("", "0:0") else "")
+
+
+def _local_record(job: submitit.Job) -> SacctRecord:
+    """A local-executor job's record in Slurm's terms (it has no accounting)."""
+    if not job.done():
+        return SacctRecord(job.job_id, "RUNNING", "", local_node(), "")
+    try:
+        failed = job.exception() is not None
+    except submitit.core.utils.UncompletedJobError:  # ended without a result: killed
+        failed = True
+    return SacctRecord(job.job_id, "FAILED" if failed else "COMPLETED", "", local_node(), "")
+
+
 def jobs_of_this_flow_run() -> list[dict[str, str]]:
-    """``{"name", "job_id", "nodes"}`` for each job this flow run submitted; nodes as Slurm's
-    accounting compresses them ("" before a job started)."""
+    """``{"name", "job_id", "nodes", "outcome"}`` for each job this flow run submitted.
+
+    ``nodes`` names the nodes as Slurm does (its NodeName, compressed as accounting writes it:
+    ``node-[1-4]``; "" before a job started): the name ``--nodelist`` takes and the node programs
+    record (``SLURMD_NODENAME``), which may differ from the machine's host name (the local stack's
+    node ``localhost`` runs on whatever host it is). Local-executor jobs name the host
+    (:func:`local_node`). ``outcome``: :func:`job_outcome`.
+    """
     jobs = []
     for name, job in _submitted.get(flow_run.get_id(), []):
-        if isinstance(job, submitit.LocalJob):
-            nodes = "localhost"
-        else:
-            record = query_slurm_state(job.job_id)
-            nodes = record.nodes if record is not None else ""
-        jobs.append({"name": name, "job_id": job.job_id, "nodes": nodes})
+        record = _local_record(job) if isinstance(job, submitit.LocalJob) else query_slurm_state(job.job_id)
+        jobs.append({"name": name, "job_id": job.job_id, "nodes": record.nodes if record is not None else "",
+                     "outcome": job_outcome(record) if record is not None else ""})
     return jobs
 
 
@@ -434,7 +468,7 @@ def _job_finished(job: submitit.Job, kind: str) -> SacctRecord | None:
     error result behind that the next attempt replaces.
     """
     if kind == "local":
-        return SacctRecord(job.job_id, job.state, "", "localhost", "") if job.done() else None
+        return SacctRecord(job.job_id, job.state, "", local_node(), "") if job.done() else None
     record = query_slurm_state(job.job_id)
     return record if record is not None and ended(record) else None
 

@@ -21,6 +21,9 @@ import yaml
 from matplotlib.figure import Figure
 
 TABLE_COLUMNS = ("step", "loss", "val_loss", "lr", "grad_norm", "tokens_per_s", "mfu_pct")
+# Significant digits of the points table's float columns: a loss to a thousandth in the usual 1-10
+# range (as the summary line prints it), not the 17 digits of a float32 widened to a Python float.
+TABLE_DIGITS = {"loss": 4, "val_loss": 4, "lr": 4, "grad_norm": 4, "tokens_per_s": 4, "mfu_pct": 3}
 PACKAGES = ("torch", "transformers", "megatron-core", "prefect", "submitit")
 
 # Mermaid places a line's values evenly along a numeric x axis, so the chart is drawn on an even
@@ -269,18 +272,30 @@ def loss_curve_markdown(points: list[dict], title: str) -> str:
     return "\n\n".join(sections)
 
 
-def _cell(value: Any) -> Any:
+def significant(value: float, digits: int) -> float:
+    """``value`` rounded to ``digits`` significant digits (8.344268 -> 8.344 at 4)."""
+    return float(f"{value:.{digits}g}")
+
+
+def _cell(value: Any, digits: int | None) -> Any:
     # JSON has no NaN or inf (Prefect would store NaN as null, the same as a missing value, and
     # inf as invalid JSON), so they are kept visible as text.
     if isinstance(value, float) and not math.isfinite(value):
         return str(value)
+    if isinstance(value, float) and digits is not None:
+        return significant(value, digits)
     return value
 
 
 def table_rows(points: list[dict], max_points: int = 200) -> list[dict]:
     """The downsampled points as table-artifact rows with the columns ``TABLE_COLUMNS``; a value
-    the backend did not log is None, a NaN or inf loss the text "nan" / "inf"."""
-    return [{column: _cell(p.get(column)) for column in TABLE_COLUMNS} for p in downsample(points, max_points)]
+    the backend did not log is None, a NaN or inf loss the text "nan" / "inf".
+
+    Floats are rounded to ``TABLE_DIGITS`` significant digits for reading (the stream's
+    ``0.0024000000000000002`` is ``0.0024`` here); ``points`` and the metrics stream they come
+    from keep full precision."""
+    return [{column: _cell(p.get(column), TABLE_DIGITS.get(column)) for column in TABLE_COLUMNS}
+            for p in downsample(points, max_points)]
 
 
 def package_versions() -> dict[str, str | None]:
@@ -299,9 +314,12 @@ class SlurmJob(TypedDict):
     stage: str
     job_id: str
     nodes: str
-    """Slurm's node list, compressed as Slurm writes it (``node-[1-4]``)."""
+    """Slurm's node list, compressed as Slurm writes it (``node-[1-4]``): its names for the nodes
+    (NodeName), which the compile table's nodes also use and the host names may differ from; the
+    host name under the local executor."""
     outcome: str
-    """How the job ended, where its stage records it (the train stage's attempts), else ""."""
+    """How the job ended: the train stage's attempt outcome where there is one, else Slurm's
+    (``completed``, ``FAILED with exit code 1:0``); "" while the job may still run."""
 
 
 class RunSummary(TypedDict):
@@ -398,6 +416,8 @@ def run_summary_markdown(summary: RunSummary) -> str:
         f"| code version | `{summary['code_version']}` |",
         "",
         "#### Slurm jobs",
+        "_nodes by their Slurm names (NodeName), as --nodelist takes them; host names may differ_",
+        "",
         "| stage | job id | nodes | outcome |",
         "|---|---|---|---|",
         *(f"| {j['stage']} | {j['job_id']} | {j['nodes']} | {_one_line(j['outcome'])} |" for j in summary["slurm_jobs"]),

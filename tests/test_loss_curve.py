@@ -308,11 +308,27 @@ def test_table_rows_have_fixed_columns():
     rows = table_rows(points, 100)
     assert len(rows) <= 100
     assert all(tuple(row) == loss_curve.TABLE_COLUMNS for row in rows)
-    assert rows[0] == {"step": 1, "loss": points[0]["loss"], "val_loss": None, "lr": 3e-4, "grad_norm": 1.0,
-                       "tokens_per_s": 1001.0, "mfu_pct": 40.0}
+    assert rows[0] == {"step": 1, "loss": 10.02, "val_loss": None, "lr": 3e-4,  # 10.022960968958811 logged
+                       "grad_norm": 1.0, "tokens_per_s": 1001.0, "mfu_pct": 40.0}
     # the NaN and the inf share a step range, which keeps one of them as its highest loss
     assert [row["loss"] for row in rows if isinstance(row["loss"], str)] in (["nan"], ["inf"])
     json.dumps(rows, allow_nan=False)
+
+
+def test_table_rows_round_floats_for_reading_and_leave_the_stream_whole():
+    """The points table showed the stream's floats in full (a float32 loss widened to 17 digits)."""
+    logged = parse_log(json.dumps({"step": 16, "loss": 6.795858383178711, "val_loss": 6.854208946228027,
+                                   "lr": 0.0024000000000000002, "grad_norm": 1.186202883720398,
+                                   "tokens_per_s": 2269.5123887471327, "mfu_pct": 0.03170921234})).as_list()
+    kept = json.loads(json.dumps(logged))
+    [row] = table_rows(logged)
+    assert row == {"step": 16, "loss": 6.796, "val_loss": 6.854, "lr": 0.0024, "grad_norm": 1.186,
+                   "tokens_per_s": 2270.0, "mfu_pct": 0.0317}
+    assert max(len(str(v)) for v in row.values()) <= 6
+    assert logged == kept and logged[0]["loss"] == 6.795858383178711  # the stream keeps every digit
+    assert metrics_summary(logged)["final_loss"] == 6.795858383178711
+    assert table_rows([{"step": 1, "loss": 12.3456789}])[0]["loss"] == 12.35
+    assert table_rows([{"step": 1, "loss": float("nan")}])[0]["loss"] == "nan"
 
 
 # --- run summary ---------------------------------------------------------------------------------
@@ -361,6 +377,7 @@ def test_run_summary_markdown_reports_every_key():
     assert "| step time | 501.0 ms |" in markdown
     assert "`git:0123456789abcdef0123456789abcdef01234567`" in markdown
     assert "| tokenize | 41_0 | node-1 |  |" in markdown and "| train | 43 | node-[1-4] | completed |" in markdown
+    assert "_nodes by their Slurm names (NodeName)" in markdown  # not necessarily the host names
     assert ("| train | 42 | node-[1-4] | FAILED: exit code 1:0 -- the trainer stopped on SIGUSR2 at step 120 and "
             "saved a checkpoint |") in markdown
     assert "| train | 7384.0 | 2:03:04 |" in markdown

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -19,7 +20,8 @@ from deployments.stack.processes import alive
 from jobs.node import Command
 from slurm_faults import preempt_node
 from jobs.slurm import (
-    JobRequest, SlurmJobFailed, expand_nodes, parse_sacct, run_array, run_job, slurm_parameters, submit, wait,
+    JobRequest, SlurmJobFailed, expand_nodes, job_outcome, jobs_of_this_flow_run, parse_sacct, run_array, run_job,
+    slurm_parameters, submit, wait,
 )
 
 SLURM = SlurmCluster(executor="slurm")
@@ -56,6 +58,16 @@ def test_parse_sacct_reads_states_exit_codes_and_nodes():
     assert records["41"].state == "COMPLETED"
     assert records["42"].state == "CANCELLED" and records["42"].exit_code == "0:15"
     assert records["43_1"].nodes == "n[1-2]"
+
+
+def test_job_outcome_says_how_every_ended_job_ended():
+    """The run summary's jobs table left the outcome of every job but training's empty."""
+    records = parse_sacct("41|COMPLETED|0:0|localhost|00:00:01\n42|FAILED|1:0|localhost|00:00:07\n"
+                          "43|CANCELLED by 0|0:15|n[1-2]|00:00:07\n44|TIMEOUT|0:0|n1|00:30:00\n"
+                          "45|PENDING|0:0|None assigned|00:00:00\n46|RUNNING|0:0|n1|00:00:03\n")
+    assert {job_id: job_outcome(r) for job_id, r in records.items()} == {
+        "41": "completed", "42": "FAILED with exit code 1:0", "43": "CANCELLED with exit code 0:15",
+        "44": "TIMEOUT", "45": "", "46": ""}
 
 
 def test_slurm_parameters_render_site_settings_and_never_submitits_default_time(tmp_path):
@@ -266,10 +278,15 @@ def test_local_executor_runs_and_reports_failures(shared_dir, monkeypatch):
         run_job(JobRequest("local-bad", bash("echo broken >&2; exit 4"), time_limit_min=2), LOCAL,
                 shared_dir, poll_s=0.2)
     assert "exit code 4" in str(info.value) and "broken" in str(info.value)
+    # The jobs table names the host the node programs name where no Slurm names the node, and
+    # says how each job ended.
+    jobs = {job["name"]: job for job in jobs_of_this_flow_run() if job["name"] in ("local-ok", "local-bad")}
+    assert {name: (job["nodes"], job["outcome"]) for name, job in jobs.items()} == {
+        "local-ok": (socket.gethostname(), "completed"), "local-bad": (socket.gethostname(), "FAILED")}
     # On a machine without Slurm (what the local executor is for), a failure's nodes are still
     # named: the precompile and train tables list the host, not scontrol's absence.
     monkeypatch.setenv("PATH", "/nonexistent")
-    assert expand_nodes(info.value.nodes) == ["localhost"]
+    assert expand_nodes(info.value.nodes) == [socket.gethostname()]
 
 
 def test_array_returns_each_tasks_outcome_so_only_failures_are_retried(local_stack, shared_dir):
