@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import boto3
 import zstandard
@@ -23,6 +25,29 @@ from pretrain.toy_tokenizers import llama3_style
 
 BUCKET = "pretrain-demo"
 CREDENTIALS_BLOCK = "local-s3"
+
+
+# Settings of the ephemeral Prefect API server the demo runs on (a subprocess that inherits this
+# process's environment), each kept where the user set it already:
+# - it migrates a new database before it answers: on a fresh machine with two busy cores that took
+#   longer than Prefect's default 20 s wait (seen in CI);
+# - its telemetry service (prefect.server.services.telemetry, on by default) writes a session row
+#   to the server's SQLite database as soon as the server is up, while the server's other services
+#   and the flow's first API calls write too. SQLite takes one writer at a time: on a busy machine
+#   the service lost the lock and logged a full SQLAlchemy traceback ("database is locked") before
+#   anything else of the demo, and offline its heartbeat to Prefect's servers fails with an error
+#   line. A local demo has no business reporting to Prefect; the local stack's server
+#   (deployments/stack/prefect_server.py) and the tests turn the service off the same way.
+EPHEMERAL_SERVER_SETTINGS = {
+    "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "120",
+    "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+}
+
+
+def configure_ephemeral_server() -> None:
+    """Set :data:`EPHEMERAL_SERVER_SETTINGS` before the first flow run starts the server."""
+    for name, value in EPHEMERAL_SERVER_SETTINGS.items():
+        os.environ.setdefault(name, value)
 
 
 def seed_corpus(endpoint: str) -> None:
@@ -67,24 +92,37 @@ def show_artifacts(flow_run_id) -> None:
             artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run_id])))
     for artifact in (a for a in artifacts if a.key):  # keyless ones are Prefect's result records
         print(f"\nartifact {artifact.key} ({artifact.type}): {artifact.description}")
-        data = json.loads(artifact.data) if artifact.type == "table" else artifact.data
-        if isinstance(data, list) and data:
-            columns = list(data[0])
-            print("  " + " | ".join(columns))
-            for row in data:
-                print("  " + " | ".join(str(row[c]) for c in columns))
-        else:
-            # the loss curve's PNG is a data URI: the UI shows it, a terminal need not
-            print("\n".join(f"  {line}" for line in str(data).splitlines() if "data:image" not in line))
+        print(artifact_text(artifact.type, artifact.data))
+
+
+# An image inlined as a data URI (the loss curve's PNG: tens of KB of base64 on one line).
+DATA_URI = re.compile(r"data:image/[\w.+-]+;base64,[A-Za-z0-9+/=]*")
+
+
+def artifact_text(kind: str | None, data: Any) -> str:
+    """An artifact as the demo prints it: a table as ``column | column`` lines, anything else
+    (markdown, a progress percentage) whole and line for line, indentation included (the
+    resolved spec's YAML, the mermaid chart), with an inline image's data URI named instead of
+    spelled out: the UI shows the image, a terminal cannot."""
+    rows = json.loads(data) if kind == "table" and isinstance(data, str) else data
+    if kind == "table" and isinstance(rows, list) and rows and isinstance(rows[0], dict):
+        columns = list(rows[0])
+        return "\n".join(["  " + " | ".join(columns),
+                          *("  " + " | ".join(str(row.get(c)) for c in columns) for row in rows)])
+    lines = str(data).splitlines() or [""]
+    return "\n".join("  " + DATA_URI.sub(_image_placeholder, line) if line else "" for line in lines)
+
+
+def _image_placeholder(uri: re.Match) -> str:
+    media_type = uri.group(0).split(";", 1)[0].removeprefix("data:")
+    return f"<{media_type}, {len(uri.group(0)) * 3 // 4 // 1024} KB: see the Prefect UI>"
 
 
 def main(inputs_only: bool = False) -> int:
     """``inputs_only``: set up what tiny-local reads (the corpus on the local S3 server, its
     credentials block in the Prefect API this process talks to, the tokenizer) and run nothing,
     for ``prefect deployment run pretrain/tiny-local`` against the stack's server."""
-    # The ephemeral API server migrates a new database before it answers: on a fresh machine with
-    # two busy cores that took longer than Prefect's default 20 s wait (seen in CI).
-    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
+    configure_ephemeral_server()
     components = ["s3"]
     if os.geteuid() == 0 and shutil.which("slurmctld") and not inputs_only:
         components.insert(0, "slurm")

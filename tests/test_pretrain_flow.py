@@ -11,16 +11,20 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 from megatron.core.datasets.indexed_dataset import IndexedDataset
 
-from deployments.demo import save_credentials_block, seed_corpus
+from deployments.demo import artifact_text, save_credentials_block, seed_corpus
 from flows.pretrain import pretrain
 from pretrain import manifest
 from pretrain.corpus import corpus_texts
+from pretrain.loss_curve import loss_curve_markdown, table_rows
+from pretrain.presets import load_spec
 from pretrain.toy_tokenizers import llama3_style
 from trainer.tokenizer import load_tokenizer
 
 PRETRAIN = [sys.executable, "-m", "cli.main"]
+REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
@@ -128,7 +132,10 @@ def test_stages_run_alone_hand_on_earlier_outputs_or_name_the_stage_to_add(s3_en
 def test_demo_command_runs_the_flow_and_shows_the_fetch_artifact(local_stack, tmp_path):
     env = {**os.environ, "PREFECT_HOME": str(tmp_path / "prefect"), "PRETRAIN_ROOT": str(tmp_path / "data")}
     env.pop("PREFECT_API_URL", None)  # the demo runs on the ephemeral API, like a fresh machine
+    env.pop("PREFECT_SERVER_ANALYTICS_ENABLED", None)  # set for the tests' own server (conftest), not a user's
     out = subprocess.run([*PRETRAIN, "demo"], env=env, capture_output=True, text=True, timeout=900)
+    (tmp_path / "demo.stdout").write_text(out.stdout)  # what a user sees, kept for reading
+    (tmp_path / "demo.stderr").write_text(out.stderr)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert "artifact tiny-local-fetch (table)" in out.stdout
     assert "part-00001.jsonl" in out.stdout
@@ -137,6 +144,62 @@ def test_demo_command_runs_the_flow_and_shows_the_fetch_artifact(local_stack, tm
     assert "artifact tiny-local-loss-curve (markdown)" in out.stdout
     assert "xychart-beta" in out.stdout
     assert "pretrain flow: Completed" in out.stdout
+    # what a new user saw first: the ephemeral server's telemetry losing SQLite's lock, and
+    # megatron-core's optimizer warnings from every rank of every training job
+    assert "Traceback" not in out.stderr and "database is locked" not in out.stderr, out.stderr[:3000]
+    assert "Failed to send telemetry" not in out.stderr, out.stderr[:3000]  # offline: an error line instead
+    assert "Transformer Engine and Apex are not installed" not in out.stderr
+    # the artifacts whole: the spec's nested keys and the chart's indented statements
+    assert "\n  data:\n    sources:\n" in out.stdout and "\n      xyChart:\n" in out.stdout
+    assert "\n      line [" in out.stdout
+    # the jobs table: every job's outcome, the nodes by Slurm's names (the compile table's too)
+    jobs = re.findall(r"^  \| ([\w-]+) \| (\d+(?:_\d+)?) \| ([^|]*) \| ([^|]*) \|$", out.stdout, re.MULTILINE)
+    assert {stage.split("-")[0] for stage, *_ in jobs} >= {"tokenize", "precompile", "train"}, out.stdout[-5000:]
+    assert all(outcome.strip() == "completed" for *_, outcome in jobs), jobs
+    [node] = {nodes.strip() for _, _, nodes, _ in jobs}  # the stack's one node, named as Slurm names it
+    assert f"  | precompile | {node} | " in out.stdout and f"  | train | {node} | " in out.stdout
+    points = out.stdout.split("artifact tiny-local-loss-points (table)", 1)[1].split("\n\n", 1)[0]
+    assert not re.search(r"\d\.\d{6,}", points), points  # no 17-digit floats
+
+
+def test_demo_starts_the_ephemeral_server_without_its_telemetry_service():
+    """The demo's first output was a SQLAlchemy traceback (``database is locked``): the ephemeral
+    API server's telemetry service writing its session to SQLite while the server's other writers
+    held the lock. The demo starts that server (a subprocess inheriting its environment) without
+    the service, and only without that one."""
+    env = {k: v for k, v in os.environ.items() if k != "PREFECT_SERVER_ANALYTICS_ENABLED"}  # set by conftest
+    script = ("from deployments.demo import configure_ephemeral_server\n"
+              "configure_ephemeral_server()\n"
+              "import prefect.server.services\n"
+              "from prefect.server.services.perpetual_services import get_enabled_perpetual_services\n"
+              "print(sorted(s.function.__name__ for s in get_enabled_perpetual_services(ephemeral=True)))\n")
+    out = subprocess.run([sys.executable, "-c", script], env=env, cwd=REPO, capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr[-3000:]
+    services = out.stdout.strip().splitlines()[-1]
+    assert "send_telemetry_heartbeat" not in services and "schedule_event_vacuum_tasks" in services, services
+
+
+def test_demo_prints_markdown_artifacts_whole():
+    """The demo printed markdown artifacts without their indented lines (the spec's nested keys,
+    the mermaid chart's statements) and dropped the loss curve's image line: every line now
+    prints, in order and as it is, with only the image's data URI named instead of spelled out."""
+    points = [{"step": s, "loss": 8.0 - s / 10, "val_loss": 7.9 - s / 10 if s % 5 == 0 else None,
+               "lr": 0.0024000000000000002} for s in range(1, 21)]
+    spec = yaml.safe_dump(load_spec("tiny-local").model_dump(mode="json"), sort_keys=False)
+    markdown = f"{loss_curve_markdown(points, 'tiny-local: loss')}\n\n```yaml\n{spec}```"
+    printed = artifact_text("markdown", markdown).splitlines()
+    assert len(printed) == len(markdown.splitlines())
+    for shown, line in zip(printed, markdown.splitlines()):
+        if "data:image/png;base64," in line:
+            assert re.fullmatch(r"  !\[loss curve\]\(<image/png, \d+ KB: see the Prefect UI>\)", shown), shown
+        else:
+            assert shown == (f"  {line}" if line else ""), (shown, line)
+    assert "      xyChart:" in printed and "  data:" in printed and "    sources:" in printed
+    table = artifact_text("table", json.dumps(table_rows(points)))
+    assert table.splitlines()[0] == "  step | loss | val_loss | lr | grad_norm | tokens_per_s | mfu_pct"
+    assert table.splitlines()[5] == "  5 | 7.5 | 7.4 | 0.0024 | None | None | None"
+    assert artifact_text("progress", 100.0) == "  100.0"
 
 
 def test_validate_prints_the_resolved_spec_and_rejects_traps():
