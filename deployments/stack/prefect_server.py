@@ -16,7 +16,9 @@ def server_env(root: Path, port: int) -> dict[str, str]:
     env = {**os.environ,
            "PREFECT_HOME": str(root / "prefect"),
            "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-           # The UI calls this address; it must be this server's own /api (reference §Addendum).
+           # The UI calls this address; it must be this server's own /api (left unset it
+           # is built from PREFECT_SERVER_API_HOST/PORT, not the port the server was started on:
+           # server.ui.api_url in https://docs.prefect.io/v3/api-ref/settings-ref).
            "PREFECT_SERVER_UI_API_URL": f"http://127.0.0.1:{port}/api"}
     env.pop("PREFECT_API_URL", None)
     return env
