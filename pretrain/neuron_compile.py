@@ -1,5 +1,9 @@
 """What ``neuron_parallel_compile`` reports, and what a Neuron compile cache holds
-(reference/nxdt.md §2.5-2.7).
+(https://awsdocs-neuron.readthedocs-hosted.com/en/latest/frameworks/torch/torch-neuronx/api-reference-guide/training/pytorch-neuron-parallel-compile.html,
+https://awsdocs-neuron.readthedocs-hosted.com/en/latest/general/arch/neuron-features/neuron-caching.html;
+the tool's source is ``torch_neuronx/parallel_compile/neuron_parallel_compile.py`` in the
+torch-neuronx wheel; cache entry states as huggingface/optimum-neuron
+``optimum/neuron/cache/cleanup.py`` classifies them).
 
 Per node, in order of trust: the results JSON (``NEURON_PARALLEL_COMPILE_DUMP_RESULTS``, also
 logged as one multi-line record), else the ``Total ...`` summary lines in their old
@@ -12,7 +16,6 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass, field
-from pathlib import Path
 
 _TOTAL = re.compile(r"\|\|(?:NEURON_)?PARALLEL_COMPILE\|\|: Total (graphs|successful compilations|failed compilations): (\d+)")
 _NO_TODO = "No todo hlos found in cache or hlo_tasklist"
@@ -77,26 +80,3 @@ def training_compiles(text: str) -> dict[str, int]:
     reference shows it in npc's worker output, and a cache miss in training runs the same
     compiler through the same cc wrapper; the wrapper's cache-hit line is counted the other way."""
     return {"compiled": text.count(_COMPILED), "from_cache": text.count(_CACHED_NEFF)}
-
-
-def cache_entries(cache_dir: Path) -> dict[str, list[Path]]:
-    """MODULE_* entries of a compile cache by state, as optimum-neuron classifies them:
-    SUCCESS (neff + done), FAILED (log, no neff), LOCKED (a lock file), EMPTY (anything else)."""
-    states: dict[str, list[Path]] = {"SUCCESS": [], "FAILED": [], "LOCKED": [], "EMPTY": []}
-    for entry in sorted(cache_dir.glob("neuronxcc-*/MODULE_*")):
-        names = {p.name for p in entry.iterdir()}
-        if any(n.endswith(".lock") for n in names):
-            states["LOCKED"].append(entry)
-        elif "model.neff" in names and "model.done" in names:
-            states["SUCCESS"].append(entry)
-        elif "model.log" in names:
-            states["FAILED"].append(entry)
-        else:
-            states["EMPTY"].append(entry)
-    return states
-
-
-def compile_table(node_logs: dict[str, str]) -> tuple[list[dict], int]:
-    """One row per node (node, total, succeeded, failed, source) and the failed count overall."""
-    rows = [parse_npc_log(text).as_row(node) for node, text in sorted(node_logs.items())]
-    return rows, sum(r["failed"] for r in rows)

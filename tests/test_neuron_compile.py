@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from pretrain.neuron_compile import cache_entries, parse_npc_log, training_compiles
+from pretrain.neuron_compile import parse_npc_log, training_compiles
 
 NEW = """2024-11-07 09:57:13.000144:  39810  INFO ||NEURON_PARALLEL_COMPILE||: Total graphs: 36
 2024-11-07 09:57:13.000144:  39810  INFO ||NEURON_PARALLEL_COMPILE||: Total successful compilations: 35
@@ -48,27 +48,3 @@ def test_graphs_compiled_during_training():
     assert training_compiles(log) == {"compiled": 1, "from_cache": 3}
 
 
-def test_cache_entry_states(tmp_path):
-    root = tmp_path / "neuronxcc-2.16.372.0+4a9b2326"
-    layout = {"MODULE_1+a": ["model.hlo_module.pb", "model.neff", "model.done"],
-              "MODULE_2+a": ["model.hlo_module.pb", "model.log"],
-              "MODULE_3+a": ["model.hlo_module.pb", "model.hlo_module.pb.lock"],
-              "MODULE_4+a": ["model.hlo_module.pb"]}
-    for module, files in layout.items():
-        (root / module).mkdir(parents=True)
-        for name in files:
-            (root / module / name).write_text("")
-    states = cache_entries(tmp_path)
-    assert {k: [p.name for p in v] for k, v in states.items()} == {
-        "SUCCESS": ["MODULE_1+a"], "FAILED": ["MODULE_2+a"], "LOCKED": ["MODULE_3+a"], "EMPTY": ["MODULE_4+a"]}
-
-
-def test_per_node_table_counts_failures_across_nodes():
-    from pretrain.neuron_compile import compile_table
-
-    rows, failed = compile_table({"node-b": NEW, "node-a": OLD,
-                                  "node-c": "No todo hlos found in cache or hlo_tasklist, parallel_compile return"})
-    assert [r["node"] for r in rows] == ["node-a", "node-b", "node-c"]
-    assert [(r["total"], r["failed"], r["source"]) for r in rows] == [
-        (22, 0, "summary-lines"), (36, 1, "summary-lines"), (0, 0, "all-cached")]
-    assert failed == 1
