@@ -136,9 +136,6 @@ class TrainConfig:
     def evaluates(self) -> bool:
         return not self.benchmark and self.eval_iters > 0
 
-    def to_json(self) -> str:
-        return json.dumps(dataclasses.asdict(self), indent=2)
-
     @classmethod
     def from_file(cls, path: str | Path) -> TrainConfig:
         try:
