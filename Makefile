@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: setup system-deps node-deps stack-up stack-down demo test
+.PHONY: setup system-deps node-deps stack-up stack-down demo test check
 
 # mermaid and jsdom for the tests that parse and draw the loss chart with mermaid itself
 # (tests/test_loss_curve.py), in a project-local node_modules. mermaid is the version the Prefect
@@ -50,3 +50,8 @@ demo: setup
 
 test: stack-up node-deps
 	$(VENV)/bin/python -m pytest
+
+# The edit-test loop: the pure tests (pytest.mark.pure), with no stack and no Prefect server, on
+# two workers: they compute (converter, tokenizer, trainer subprocesses) and use both cores.
+check: setup
+	$(VENV)/bin/python -m pytest -m pure -n 2

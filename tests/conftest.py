@@ -9,8 +9,8 @@ import boto3
 import pytest
 
 
-@pytest.fixture(scope="session", autouse=True)
-def prefect_api(tmp_path_factory):
+@pytest.fixture(scope="session")
+def prefect_harness(tmp_path_factory):
     """One temporary Prefect API server for the run, with its own PREFECT_HOME so results and
     blocks never leak between runs (the harness does not isolate PREFECT_HOME itself)."""
     home = tmp_path_factory.mktemp("prefect-home")
@@ -19,8 +19,15 @@ def prefect_api(tmp_path_factory):
     os.environ.pop("PREFECT_API_URL", None)
     from prefect.testing.utilities import prefect_test_harness
 
-    with prefect_test_harness(server_startup_timeout=60):
+    with prefect_test_harness(server_startup_timeout=120):
         yield
+
+
+@pytest.fixture(autouse=True)
+def prefect_api(request):
+    """Every test but the pure ones (``pytest.mark.pure``: `make check`) talks to the harness."""
+    if request.node.get_closest_marker("pure") is None:
+        request.getfixturevalue("prefect_harness")
 
 
 @pytest.fixture(scope="session")

@@ -28,6 +28,8 @@ from trainer.convert import ConvertError, HFCheckpoint, shard_items, verify
 from render.convert_command import convert_command
 from trainer.nxdt_layout import LayoutError, NxdtLayout
 
+pytestmark = pytest.mark.pure  # no stack, no Prefect API: `make check` runs it
+
 CONVERT = [sys.executable, "-m", "trainer", "convert"]
 TP, PP, MULT = 4, 2, 2
 

@@ -21,6 +21,8 @@ from safetensors.torch import save_file
 
 from trainer import formats
 
+pytestmark = pytest.mark.pure  # no stack, no Prefect API: `make check` runs it
+
 ASSETS = Path(__file__).parent / "assets" / "formats"
 
 # (output, format version) -> sha256 over the output's files. Bumping a version: add its row.

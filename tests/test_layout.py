@@ -13,6 +13,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.pure  # no stack, no Prefect API: `make check` runs it
+
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("cli", "deployments", "flows", "tasks", "jobs", "render", "blocks", "pretrain", "trainer")
 

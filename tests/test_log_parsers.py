@@ -5,9 +5,13 @@ from __future__ import annotations
 
 from datetime import datetime
 
+
+import pytest
 from tqdm import tqdm
 
 from pretrain.log_parsers import parse_log
+
+pytestmark = pytest.mark.pure  # no stack, no Prefect API: `make check` runs it
 
 NXDT_NEW = ("Epoch 0:   5%|▍         | 3/62 [02:59<58:44,  0.02it/s, v_num=8-06, reduced_train_loss=6.930, "
             "chosen_rewards=-0.81, rejected_rewards=-0.675, lr=2.73e-5, parameter_norm=1.95e+3, global_step=1.000, "

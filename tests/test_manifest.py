@@ -7,6 +7,8 @@ import pytest
 
 from pretrain import manifest
 
+pytestmark = pytest.mark.pure  # no stack, no Prefect API: `make check` runs it
+
 
 def test_staged_output_is_renamed_into_place_with_its_manifest(tmp_path):
     key = manifest.stable_hash({"a": 1})

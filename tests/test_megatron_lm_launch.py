@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from pretrain.presets import load_spec
 from blocks.cluster import SlurmCluster
 from tasks.dry_run import render_files
@@ -9,6 +11,8 @@ from jobs.node import Command
 from jobs.slurm import JobRequest, slurm_parameters
 from render.megatron_lm import in_container
 from render.megatron_lm import pretrain_gpt_args, torchrun_command
+
+pytestmark = pytest.mark.pure  # no stack, no Prefect API: `make check` runs it
 
 
 def flags(args: list[str]) -> dict[str, str | bool]:

@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from pretrain.neuron_compile import parse_npc_log, training_compiles
+
+pytestmark = pytest.mark.pure  # no stack, no Prefect API: `make check` runs it
 
 NEW = """2024-11-07 09:57:13.000144:  39810  INFO ||NEURON_PARALLEL_COMPILE||: Total graphs: 36
 2024-11-07 09:57:13.000144:  39810  INFO ||NEURON_PARALLEL_COMPILE||: Total successful compilations: 35

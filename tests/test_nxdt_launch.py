@@ -9,6 +9,8 @@ import pytest
 from pretrain.presets import SpecError, load_spec
 from render.nxdt import nxdt_config, torchrun_command, train_environment
 
+pytestmark = pytest.mark.pure  # no stack, no Prefect API: `make check` runs it
+
 
 def at(config: dict, path: str):
     for part in path.split("."):

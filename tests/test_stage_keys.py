@@ -19,6 +19,8 @@ from tasks.fetch import fetch_key_inputs, list_sources
 from tasks.tokenize import tokenize_key_inputs
 from test_formats import ASSETS, tiny_llama
 
+pytestmark = pytest.mark.pure  # no stack, no Prefect API: `make check` runs it
+
 # Fields no cached stage's output depends on.
 TRAINING_ONLY = ["training.lr=1.0e-2", "training.train_steps=7", "training.micro_batch_size=2",
                  "cluster.time_limit_min=9", "backend.native.compile=false", "paths.root=/elsewhere"]

@@ -21,6 +21,8 @@ from pretrain.toy_tokenizers import gpt2_style, llama3_style, sentencepiece_mode
 from trainer.indexed_dataset import optimal_dtype
 from trainer.tokenizer import load_tokenizer
 
+pytestmark = pytest.mark.pure  # no stack, no Prefect API: `make check` runs it
+
 TOKENIZE = [sys.executable, "-m", "trainer", "tokenize"]
 
 

@@ -15,6 +15,8 @@ import pytest
 
 from trainer.train.config import TrainConfig
 
+pytestmark = pytest.mark.pure  # no stack, no Prefect API: `make check` runs it
+
 VALID = {
     "model": {"family": "llama", "num_layers": 2, "hidden_size": 64, "ffn_hidden_size": 172,
               "num_attention_heads": 4, "num_kv_heads": 2, "vocab_size": 512, "max_position_embeddings": 64},

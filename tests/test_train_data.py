@@ -170,6 +170,8 @@ QUIET_BUILD = """
 import sys, warnings
 from trainer.train.data import DataConfig, build_datasets
 
+pytestmark = pytest.mark.pure  # no stack, no Prefect API: `make check` runs it
+
 cfg = DataConfig(paths=sys.argv[1:3], weights=[1.0, 1.0], cache_dir=None)
 build_datasets(cfg, seq_length=64, seed=1, train_samples=10, valid_samples=0, eod_id=30000)
 warnings.warn("Transformer Engine and Apex are not installed (this program's own warning)")

@@ -138,6 +138,8 @@ COMPILE = """
 import json, types, torch
 from trainer.train.device import compile_counts
 
+pytestmark = pytest.mark.pure  # no stack, no Prefect API: `make check` runs it
+
 def f(x):
     y = torch.sin(x) * 2
     torch._dynamo.graph_break()  # two graphs, one break

@@ -23,6 +23,8 @@ from transformers.pytorch_utils import Conv1D
 from pretrain.log_parsers import parse_log
 from trainer.train.metrics import MetricsConfig, MetricsWriter, flops_per_token, mfu
 
+pytestmark = pytest.mark.pure  # no stack, no Prefect API: `make check` runs it
+
 REPO = Path(__file__).resolve().parents[1]
 
 
