@@ -6,7 +6,7 @@
     pretrain plan PRESET_OR_FILE [--set k=v]...      each stage's key and output: run or reuse, and why
     pretrain render PRESET_OR_FILE --out DIR         write every file a run would launch
     pretrain stack up|down|status|reset|env          the local Slurm + S3 + Prefect stack
-    pretrain demo [--inputs-only]                    the whole pipeline on tiny-local, set up here
+    pretrain demo [--inputs-only] [--set k=v]...     the whole pipeline on tiny-local, set up here
 """
 
 from __future__ import annotations
@@ -74,7 +74,7 @@ def _stack(args: argparse.Namespace) -> int:
 def _demo(args: argparse.Namespace) -> int:
     from deployments.demo import main
 
-    return main(inputs_only=args.inputs_only)
+    return main(inputs_only=args.inputs_only, overrides=args.set)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -100,6 +100,8 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("demo", help="run the pipeline on tiny-local, end to end")
     p.add_argument("--inputs-only", action="store_true",
                    help="set up tiny-local's corpus, credentials block and tokenizer, run nothing")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a field of tiny-local, e.g. --set training.train_steps=40 (repeatable)")
     p.set_defaults(fn=_demo)
     args = parser.parse_args(argv)
     if hasattr(args, "spec"):

@@ -118,10 +118,11 @@ def _image_placeholder(uri: re.Match) -> str:
     return f"<{media_type}, {len(uri.group(0)) * 3 // 4 // 1024} KB: see the Prefect UI>"
 
 
-def main(inputs_only: bool = False) -> int:
+def main(inputs_only: bool = False, overrides: list[str] | None = None) -> int:
     """``inputs_only``: set up what tiny-local reads (the corpus on the local S3 server, its
     credentials block in the Prefect API this process talks to, the tokenizer) and run nothing,
-    for ``prefect deployment run pretrain/tiny-local`` against the stack's server."""
+    for ``prefect deployment run pretrain/tiny-local`` against the stack's server.
+    ``overrides``: spec fields to change, as ``pretrain run --set`` takes them."""
     configure_ephemeral_server()
     components = ["s3"]
     if os.geteuid() == 0 and shutil.which("slurmctld") and not inputs_only:
@@ -139,7 +140,7 @@ def main(inputs_only: bool = False) -> int:
 
     from flows.pretrain import pretrain
 
-    state = pretrain(preset="tiny-local", return_state=True)
+    state = pretrain(preset="tiny-local", overrides=overrides, return_state=True)
     show_artifacts(state.state_details.flow_run_id)
     print(f"\npretrain flow: {state.name}; outputs: {state.result(raise_on_failure=False)}")
     return 0 if state.is_completed() else 1

@@ -61,16 +61,18 @@ def excluded_after(failure: SlurmJobFailed) -> set[str]:
 class MetricsFollower:
     """Reads the metrics JSONL as it grows; publishes progress and the loss curve; notices a hang."""
 
-    def __init__(self, spec: PretrainSpec, path: Path, total_steps: int, hang_timeout_s: float):
+    def __init__(self, spec: PretrainSpec, path: Path, total_steps: int, hang_timeout_s: float,
+                 clock: Callable[[], float] = time.monotonic):
         self.spec, self.path, self.total = spec, path, total_steps
         self.hang_timeout_s = hang_timeout_s
+        self.clock = clock  # seconds; a test passes its own to age the run without waiting
         self.offset = 0
         self.inode: int | None = None
         self.partial = ""
         self.stream = MetricsStream()
         self.progress_id = None
         self.last_seen = (-1, 0)  # (the last step, events) the previous poll saw
-        self.last_advance = time.monotonic()
+        self.last_advance = self.clock()
         self.last_curve = 0.0
 
     def read(self) -> None:
@@ -94,13 +96,13 @@ class MetricsFollower:
 
     def restart(self) -> None:
         """A new attempt: its start-up (and resume) is not a hang."""
-        self.last_advance = time.monotonic()
+        self.last_advance = self.clock()
 
     def poll(self, started: bool = True) -> None:
         """``started``: whether the job has left the queue; only then can the run hang."""
         self.read()
         step = max(self.stream.points, default=0)
-        now = time.monotonic()
+        now = self.clock()
         if not started:
             self.last_advance = now
         # Events count as progress too: after the last step, the final checkpoint and the HF

@@ -152,4 +152,4 @@ def test_nxdt_llama_specs_get_nxd_arrow_blocks_of_their_sequence_length(local_st
     bos = load_tokenizer("hf", model=str(tokenizer))._hf.token_to_id("<|begin_of_text|>")
     assert blocks[0]["input_ids"][0] == bos  # every document starts with <|begin_of_text|>, as get_dataset.py's
     meta = json.loads((Path(out).parent / "MANIFEST.json").read_text())
-    assert meta["documents"] == len(texts) and meta["options"]["format"] == "nxd-arrow"
+    assert meta["documents"] == len(texts) and meta["key_inputs"]["output"] == "nxd-arrow"
