@@ -63,6 +63,10 @@ class Command:
     cwd: str | None = None
 
     def __call__(self) -> int:
+        # The local executor's cancel and an expired lease interrupt this process with SIGINT. A
+        # process started in the background by a non-interactive shell (`nohup prefect worker
+        # start &`) inherits SIGINT ignored, and Python then never raises KeyboardInterrupt.
+        signal.signal(signal.SIGINT, signal.default_int_handler)
         dist = distributed_environment()
         argv = [string.Template(arg).safe_substitute(dist) for arg in self.argv]
         env = {**os.environ, **dist, **self.env}

@@ -247,8 +247,11 @@ def test_killed_flow_process_leaves_no_job_behind(local_stack, shared_dir, execu
     """SIGKILL runs no cleanup at all: the job notices its lease is no longer renewed."""
     ids = shared_dir / "job-id"
     cluster = {"executor": executor, "lease_timeout_s": 6}
+    # As `nohup prefect worker start &` from a script starts it: SIGINT ignored, inherited by the
+    # local executor's job, which must still stop when its lease lapses.
     proc = subprocess.Popen([sys.executable, "-c", orphan_program(shared_dir, ids, repr(cluster))],
-                            env=os.environ.copy(), start_new_session=executor == "local")
+                            env=os.environ.copy(), start_new_session=executor == "local",
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
     deadline = time.monotonic() + 60
     while not ids.exists() and time.monotonic() < deadline:
         time.sleep(0.2)
