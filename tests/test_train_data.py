@@ -21,6 +21,8 @@ from trainer.indexed_dataset import IndexedDatasetWriter
 from trainer.nxd_arrow import NxdArrowWriter
 from trainer.train.data import BatchLoader, DataConfig, build_datasets
 
+pytestmark = pytest.mark.pure  # no stack, no Prefect API: `make check` runs it
+
 REPO = Path(__file__).resolve().parents[1]
 EOD = 30000
 SEQ = 64
@@ -169,8 +171,6 @@ def test_distributed_ranks_share_one_cache_and_get_the_same_data(corpora, tmp_pa
 QUIET_BUILD = """
 import sys, warnings
 from trainer.train.data import DataConfig, build_datasets
-
-pytestmark = pytest.mark.pure  # no stack, no Prefect API: `make check` runs it
 
 cfg = DataConfig(paths=sys.argv[1:3], weights=[1.0, 1.0], cache_dir=None)
 build_datasets(cfg, seq_length=64, seed=1, train_samples=10, valid_samples=0, eod_id=30000)

@@ -19,6 +19,8 @@ from trainer.train.config import OptimConfig
 from trainer.train.device import DeviceUnavailable, fused_optimizer, keep_freed_memory, process_group_backend, resolve
 from trainer.train.optimizer import build_optimizer
 
+pytestmark = pytest.mark.pure  # no stack, no Prefect API: `make check` runs it
+
 REPO = Path(__file__).resolve().parents[1]
 
 STEPS = """
@@ -137,8 +139,6 @@ def test_cuda_ranks_update_with_fused_adamw_and_other_devices_with_foreach():
 COMPILE = """
 import json, types, torch
 from trainer.train.device import compile_counts
-
-pytestmark = pytest.mark.pure  # no stack, no Prefect API: `make check` runs it
 
 def f(x):
     y = torch.sin(x) * 2
