@@ -5,8 +5,9 @@ that already are a tokenized dataset (a saved HF Arrow dataset, or one Megatron 
 as both Trainium runbooks download them) are handed on untouched.
 
 The output key is built from the fetched input's manifest key, the tokenizer files' sha256,
-the spec fields that change the bytes and the writer's format version (``trainer/formats.py``). Each finished shard leaves its JSON
-record in the staging directory, so a retry resubmits only the shards that failed.
+the spec fields that change the bytes and the writer's format version (``trainer/formats.py``).
+Each finished shard leaves its JSON record in the staging directory, so a retry resubmits only
+the shards that failed.
 """
 
 from __future__ import annotations
