@@ -1,12 +1,56 @@
-"""Shared fixtures: the real local stack (Slurm, S3) and a Prefect API for the whole run."""
+"""Shared fixtures: the real local stack (Slurm, S3) and a Prefect API for the whole run, and
+the rules that let `make test` run the suite on two pytest-xdist workers (`--dist loadfile`)
+beside one stack."""
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 from pathlib import Path
 
 import boto3
 import pytest
+
+# The modules that take longest go first, so that the two workers finish together: loadfile hands
+# out whole modules in collection order, one to each worker as it frees up. (Measured with
+# `pytest --durations=0`; docs/benchmarks.md.)
+SLOWEST_FIRST = ("test_deployments.py", "test_train_task.py", "test_train_loop.py", "test_pretrain_flow.py",
+                 "test_slurm_jobs.py")
+# Serialises the tests marked `alone` against every other test of the run, on either worker.
+LANE_LOCK = Path(os.environ.get("PRETRAIN_TEST_LOCK", "/tmp/pretrain-tests.lock"))
+
+
+def pytest_collection_modifyitems(items):
+    rank = {name: i for i, name in enumerate(SLOWEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: file order kept otherwise
+
+
+@contextlib.contextmanager
+def _locked(path: Path, mode: int):
+    with open(path, "a") as f:
+        fcntl.flock(f, mode)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """A test marked ``alone`` runs with nothing else of the suite beside it: it needs the Slurm
+    node idle (it fills, preempts or drains it) or it judges time against the machine's CPUs
+    (hang detection, throughput). Every other test holds the lock shared. Held around the whole
+    protocol, so a module's fixtures set up on the other worker wait too; the turnstile gives an
+    ``alone`` test priority: while one waits, no test takes the shared lock anew."""
+    turnstile = LANE_LOCK.with_suffix(".turnstile")
+    if item.get_closest_marker("alone") is not None:
+        with _locked(turnstile, fcntl.LOCK_EX), _locked(LANE_LOCK, fcntl.LOCK_EX):
+            return (yield)
+    with _locked(turnstile, fcntl.LOCK_EX):
+        pass
+    with _locked(LANE_LOCK, fcntl.LOCK_SH):
+        return (yield)
 
 
 @pytest.fixture(scope="session")
@@ -35,7 +79,8 @@ def local_stack():
     """The project's Slurm cluster and S3 server, started if they are not running yet."""
     from deployments import stack
 
-    stack.up(components=("slurm", "s3"))
+    with _locked(LANE_LOCK.with_suffix(".stack"), fcntl.LOCK_EX):  # both workers may ask at once
+        stack.up(components=("slurm", "s3"))
     env = stack.environment()
     os.environ["SLURM_CONF"] = env["SLURM_CONF"]
     return env

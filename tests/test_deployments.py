@@ -83,7 +83,9 @@ def start_worker(env: dict, log: Path, queue: str) -> subprocess.Popen:
 def stop_worker(proc: subprocess.Popen) -> None:
     os.killpg(proc.pid, signal.SIGTERM)
     try:
-        proc.wait(timeout=30)
+        # prefect 3.8's worker forwards SIGTERM to itself as SIGINT and then goes on polling:
+        # a short grace, not its 30 s, before the kill
+        proc.wait(timeout=5)
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(timeout=30)
@@ -269,11 +271,22 @@ def test_tiny_local_run_publishes_every_artifact_and_the_ui_draws_the_loss_curve
     for stage in ("fetch", "tokenize", "dataset", "precompile", "loss-curve", "loss-points", "progress",
                   "run-summary"):
         assert f"tiny-local-{stage}" in artifacts, f"no {stage} artifact; the run has {sorted(artifacts)}"
-    precompile = json.loads(artifacts["tiny-local-precompile"].data)
-    assert precompile and all(row["failed"] == 0 for row in precompile)
     points = [p for p in json.loads(artifacts["tiny-local-loss-points"].data) if p["loss"] is not None]
     assert [p["step"] for p in points] == list(range(1, 17))
-    assert "final train loss" in artifacts["tiny-local-run-summary"].data
+    summary = artifacts["tiny-local-run-summary"].data
+    assert "final train loss" in summary
+    # Every stage's Slurm jobs, each completed, in the order they ran.
+    jobs = [line.split(" | ") for line in summary.split("#### Slurm jobs")[1].split("####")[0].splitlines()
+            if line.startswith("| ") and not line.startswith("| stage |")]
+    assert [stage.strip("| ") for stage, *_ in jobs] == ["tokenize", "precompile", "train"], summary
+    assert all(outcome.strip(" |") == "completed" for *_, outcome in jobs), summary
+    # The warm-up compiled on the node that training then used, so training compiled nothing;
+    # the node is named as Slurm names it, so the next job can be pinned to it.
+    [compiled] = json.loads(artifacts["tiny-local-precompile"].data)
+    assert compiled["compiled"] > 0 and compiled["failed"] == 0, compiled
+    node = compiled["node"]
+    assert subprocess.run(["sinfo", "-h", "-n", node, "-o", "%n"], capture_output=True, text=True).stdout.strip() == node
+    assert f"| train | {node} | 0 | " in summary and f"| precompile | {node} | {compiled['compiled']} | " in summary
     # The credentials block's secret reached S3 and nowhere else: not the run's logs, artifacts,
     # job scripts and logs, nor the worker's log.
     assert not [a.key for a in artifacts.values() if SECRET in f"{a.data} {a.description}"]
@@ -302,13 +315,16 @@ def test_tiny_local_run_publishes_every_artifact_and_the_ui_draws_the_loss_curve
 # ------------------------------------------------------------------------------ nightly benchmark
 
 
+@pytest.mark.alone
 def test_nightly_benchmark_passes_against_its_baseline_and_fails_naming_a_slowdown(worker, tiny_local, root):
     """A slowed-down node (busy loops beside the trainer, as from a noisy neighbour) fails the
     gate on throughput; an unchanged one passes. The block keeps its name, so the benchmark's
     configuration, and hence its baseline, stays the same."""
     SlurmCluster().save("bench-node", overwrite=True)
-    # Loose thresholds: a 2-core machine that also runs the test is noisy; the slowdown is ~4x.
-    parameters = {"steps": 12, "overrides": [*tiny_local, "cluster.block=bench-node"],
+    # Loose thresholds: a 2-core machine that also runs the test is noisy; the slowdown is several-fold.
+    # Eager mode: the gate compares throughput, and a CPU compile costs minutes under busy loops
+    # (the graph counts' verdicts are test_benchmark's).
+    parameters = {"steps": 12, "overrides": [*tiny_local, "cluster.block=bench-node", "backend.native.compile=false"],
                   "thresholds": {"tokens_per_s": 0.35, "step_time_ms": 0.35, "stage_s": 5.0}}
     first = run_deployment(worker, "nightly-benchmark/tiny-local", parameters)
     wait_for(first, worker, {"Running"}, timeout=120)
@@ -325,7 +341,8 @@ def test_nightly_benchmark_passes_against_its_baseline_and_fails_naming_a_slowdo
     # Each busy loop in a session of its own: Linux's autogroup scheduling shares the CPU between
     # sessions, so loops sharing the batch script's session would weigh as one process. Stopped
     # with the batch script: the stack's Slurm (proctrack/linuxproc) loses track of them.
-    burners = "for i in 1 2 3 4 5 6; do setsid bash -c 'while :; do :; done' & done; trap 'kill $(jobs -p)' EXIT"
+    # Four loops, four sessions: the trainer's session keeps about a fifth of the CPU time.
+    burners = "for i in 1 2 3 4; do setsid bash -c 'while :; do :; done' & done; trap 'kill $(jobs -p)' EXIT"
     SlurmCluster(setup=[burners]).save("bench-node", overwrite=True)
     try:
         slow = wait_for(run_deployment(worker, "nightly-benchmark/tiny-local", parameters), worker)
@@ -349,20 +366,27 @@ def test_nightly_benchmark_passes_against_its_baseline_and_fails_naming_a_slowdo
 # ------------------------------------------------------------------------------ cancel and crash
 
 
-def gone_within(job: str, seconds: float) -> bool:
+def endless(tiny_local: list[str], name: str, *extra: str) -> list[str]:
+    """Overrides for a tiny-local run that trains until it is stopped, under a name of its own:
+    its train job, ``{name}-train``, is never taken for another test's (make test runs a second
+    module beside this one)."""
+    return [*tiny_local, f"name={name}", "training.train_steps=100000", "backend.native.compile=false", *extra]
+
+
+def gone_within(job: str, name: str, seconds: float) -> bool:
     deadline = time.monotonic() + seconds
-    while job in dict(squeue("tiny-local-train")) and time.monotonic() < deadline:
+    while job in dict(squeue(name)) and time.monotonic() < deadline:
         time.sleep(0.5)
-    return job not in dict(squeue("tiny-local-train"))
+    return job not in dict(squeue(name))
 
 
 def test_cancelling_a_running_flow_cancels_its_slurm_job(worker, tiny_local):
-    older = set(dict(squeue("tiny-local-train")))
-    run_id = run_deployment(worker, "pretrain/tiny-local",
-                            {"overrides": [*tiny_local, "training.train_steps=100000", "backend.native.compile=false"]})
-    job = running_job("tiny-local-train", older)
+    name = "cancel-via-worker"
+    older = set(dict(squeue(f"{name}-train")))
+    run_id = run_deployment(worker, "pretrain/tiny-local", {"overrides": endless(tiny_local, name)})
+    job = running_job(f"{name}-train", older)
     prefect_cli(worker, "flow-run", "cancel", run_id)
-    assert gone_within(job, 30), ("the Slurm job outlived its cancelled flow run by 30 s; its last logs:\n"
+    assert gone_within(job, f"{name}-train", 30), ("the Slurm job outlived its cancelled flow run by 30 s; its last logs:\n"
                                   + last_logs(run_id))
     assert wait_for(run_id, worker, timeout=120).state.name == "Cancelled"
 
@@ -370,19 +394,20 @@ def test_cancelling_a_running_flow_cancels_its_slurm_job(worker, tiny_local):
 def test_cancelling_a_flow_run_started_without_a_worker_cancels_its_slurm_job(worker, tiny_local, root, tmp_path):
     """`pretrain run` from a terminal has no worker to signal it: the flow process itself sees
     the cancel on the server and cancels its job."""
-    older = set(dict(squeue("tiny-local-train")))
-    marker = "training.train_steps=100001"  # finds this run among the server's flow runs
+    name = "cancel-without-worker"
+    older = set(dict(squeue(f"{name}-train")))
+    marker = f"name={name}"  # finds this run among the server's flow runs
     log = tmp_path / "run.log"
     with open(log, "w") as out:
         proc = subprocess.Popen([str(Path(sys.executable).with_name("pretrain")), "run", "tiny-local",
-                                 *[a for o in [*tiny_local, marker, "backend.native.compile=false"] for a in ("--set", o)]],
+                                 *[a for o in endless(tiny_local, name) for a in ("--set", o)]],
                                 cwd=REPO, env={**worker["env"], "PRETRAIN_ROOT": str(root)}, stdout=out,
                                 stderr=subprocess.STDOUT)
     try:
-        job = running_job("tiny-local-train", older)
+        job = running_job(f"{name}-train", older)
         (run_id,) = [str(r.id) for r in running_flow_runs() if marker in r.parameters.get("overrides", [])]
         prefect_cli(worker, "flow-run", "cancel", run_id)
-        assert gone_within(job, 30), "the Slurm job outlived its cancelled flow run by 30 s:\n" + log.read_text()[-4000:]
+        assert gone_within(job, f"{name}-train", 30), "the Slurm job outlived its cancelled flow run by 30 s:\n" + log.read_text()[-4000:]
         assert proc.wait(timeout=60) == 130
         assert "cancelled Slurm job(s) " + job in log.read_text()
         assert flow_run(run_id).state.name == "Cancelled"
@@ -418,11 +443,11 @@ def running_flow_runs() -> list:
 
 
 def test_a_slurm_side_failure_is_the_flow_runs_state_message(worker, tiny_local):
-    older = set(dict(squeue("tiny-local-train")))
+    name = "slurm-side-failure"
+    older = set(dict(squeue(f"{name}-train")))
     run_id = run_deployment(worker, "pretrain/tiny-local",
-                            {"overrides": [*tiny_local, "training.train_steps=100000", "backend.native.compile=false",
-                                           "backend.native.max_restarts=0"]})
-    job = running_job("tiny-local-train", older)
+                            {"overrides": endless(tiny_local, name, "backend.native.max_restarts=0")})
+    job = running_job(f"{name}-train", older)
     subprocess.run(["scancel", job], check=True, timeout=60)
     run = wait_for(run_id, worker, timeout=180)
     assert run.state.is_failed()
@@ -432,14 +457,14 @@ def test_a_slurm_side_failure_is_the_flow_runs_state_message(worker, tiny_local)
 def test_a_killed_flow_process_leaves_no_slurm_job(worker, tiny_local):
     """SIGKILL runs no cleanup: the job cancels itself once its lease is no longer renewed."""
     SlurmCluster(lease_timeout_s=10).save("short-lease", overwrite=True)
-    older = set(dict(squeue("tiny-local-train")))
+    name = "killed-flow"
+    older = set(dict(squeue(f"{name}-train")))
     try:
         run_id = run_deployment(worker, "pretrain/tiny-local",
-                                {"overrides": [*tiny_local, "training.train_steps=100000",
-                                               "backend.native.compile=false", "cluster.block=short-lease"]})
-        job = running_job("tiny-local-train", older)
+                                {"overrides": endless(tiny_local, name, "cluster.block=short-lease")})
+        job = running_job(f"{name}-train", older)
         os.kill(flow_run_process(run_id, worker["pid"]), signal.SIGKILL)
-        assert gone_within(job, 60)
+        assert gone_within(job, f"{name}-train", 60)
         assert wait_for(run_id, worker, timeout=120).state.name == "Crashed"
     finally:
         delete_block("slurm-cluster", "short-lease")
@@ -455,25 +480,26 @@ def test_a_killed_worker_leaves_the_flow_run_in_charge_of_its_slurm_job(worker, 
     with get_client(sync_client=True) as client, contextlib.suppress(ObjectAlreadyExists):  # the stack outlives a run
         client.create_work_queue("worker-crash", work_pool_name=POOL)
     crashing = start_worker({**worker["env"], "PRETRAIN_ROOT": str(root)}, tmp_path / "worker.log", "worker-crash")
-    older = set(dict(squeue("tiny-local-train")))
+    name = "killed-worker"
+    older = set(dict(squeue(f"{name}-train")))
     try:
         with get_client(sync_client=True) as client:
             run_id = str(client.create_flow_run_from_deployment(
                 client.read_deployment_by_name("pretrain/tiny-local").id, work_queue_name="worker-crash",
-                parameters={"preset": "tiny-local", "overrides": [*tiny_local, "training.train_steps=100000",
-                            "backend.native.compile=false", "cluster.block=short-lease"]}).id)
-        job = running_job("tiny-local-train", older)
+                parameters={"preset": "tiny-local",
+                            "overrides": endless(tiny_local, name, "cluster.block=short-lease")}).id)
+        job = running_job(f"{name}-train", older)
         flow_process = flow_run_process(run_id, crashing.pid)
         os.kill(crashing.pid, signal.SIGKILL)
         crashing.wait(timeout=30)
         killed_at = datetime.now(timezone.utc)
         time.sleep(20)  # twice the lease: a job whose lease lapsed would be cancelling itself by now
-        assert dict(squeue("tiny-local-train")).get(job) == "RUNNING", last_logs(run_id)
+        assert dict(squeue(f"{name}-train")).get(job) == "RUNNING", last_logs(run_id)
         assert alive(flow_process) and flow_run(run_id).state.name == "Running"
         # The flow process went on logging (the training job's lines) after its worker was gone.
         assert any(log.timestamp > killed_at for log in logs_of(run_id)), last_logs(run_id)
         prefect_cli(worker, "flow-run", "cancel", run_id)
-        assert gone_within(job, 30), "the Slurm job outlived its cancelled flow run by 30 s"
+        assert gone_within(job, f"{name}-train", 30), "the Slurm job outlived its cancelled flow run by 30 s"
         assert wait_for(run_id, worker, timeout=120).state.name == "Cancelled"
     finally:
         with contextlib.suppress(ProcessLookupError):  # the flow-run process, if the test failed before its end

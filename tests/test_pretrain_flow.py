@@ -42,14 +42,15 @@ def read_artifacts(state) -> dict:
     return {a.key: a for a in artifacts}
 
 
-@pytest.mark.parametrize("executor", ["slurm", "local"])  # local: a fresh machine without Slurm
-def test_tiny_local_runs_every_stage_on_the_demo_corpus(executor, s3_endpoint, demo_tokenizer, tmp_path):
+def test_tiny_local_runs_every_stage_on_the_demo_corpus(s3_endpoint, demo_tokenizer, tmp_path):
+    """A fresh machine without Slurm: every stage as local jobs. The same flow on Slurm, with the
+    compile warm-up, is test_deployments' run and the demo's (below)."""
     seed_corpus(s3_endpoint)
     save_credentials_block(s3_endpoint)
     # A short run: the trainer's own behaviour is covered in test_train_loop and test_train_task.
-    overrides = [f"paths.root={tmp_path}", f"tokenizer.path={demo_tokenizer}", f"cluster.executor={executor}",
+    overrides = [f"paths.root={tmp_path}", f"tokenizer.path={demo_tokenizer}", "cluster.executor=local",
                  "data.tokenize_shards=2", "training.train_steps=12", "training.checkpoint_interval=5",
-                 "training.eval_interval=6", "training.eval_iters=2", f"backend.native.compile={executor == 'slurm'}"]
+                 "training.eval_interval=6", "training.eval_iters=2", "backend.native.compile=false"]
     state = pretrain(preset="tiny-local", overrides=overrides, return_state=True)
     assert state.is_completed(), state.message
     out = Path(state.result()["fetch"])
@@ -64,7 +65,7 @@ def test_tiny_local_runs_every_stage_on_the_demo_corpus(executor, s3_endpoint, d
     assert tokenizer._hf.decode(dataset[len(texts) - 1].tolist(), skip_special_tokens=True) == texts[-1]
     artifacts = read_artifacts(state)
     rows = json.loads(artifacts["tiny-local-tokenize"].data)
-    assert [r["shard"] for r in rows] == ["0/2", "1/2"]  # a 2-task array (Slurm) or two local jobs
+    assert [r["shard"] for r in rows] == ["0/2", "1/2"]  # two local jobs (a 2-task array on Slurm)
     assert sum(r["documents"] for r in rows) == len(texts)
     assert sum(r["tokens"] for r in rows) == int(dataset.sequence_lengths.sum())
     assert state.result()["tokenize"] in artifacts["tiny-local-dataset"].data
@@ -87,23 +88,14 @@ def test_tiny_local_runs_every_stage_on_the_demo_corpus(executor, s3_endpoint, d
     assert f"| torch | {torch.__version__} |" in summary and "| prefect | " in summary
     durations = summary.split("#### Stage durations")[1].split("####")[0]
     timed = [line.split(" | ")[0].strip("| ") for line in durations.splitlines()[3:] if line]
-    assert [name for name in timed if name != "precompile"] == ["fetch", "tokenize", "train"], durations
-    # every job of the run, each stage's: the tokenize array and merge, the warm-up, training
+    assert timed == ["fetch", "tokenize", "train"], durations
+    # every job of the run, each stage's: the tokenize shards and their merge, training
     rows = [line for line in summary.split("#### Slurm jobs")[1].split("####")[0].splitlines()
             if line.startswith("| ") and not line.startswith("| stage |")]
     jobs = [line.split(" | ")[:2] for line in rows]
     stages = [stage.strip("| ") for stage, _ in jobs]
-    assert stages == ["tokenize-0-of-2", "tokenize-1-of-2", "tokenize-merge",
-                      *(["precompile"] if executor == "slurm" else []), "train"], summary
+    assert stages == ["tokenize-0-of-2", "tokenize-1-of-2", "tokenize-merge", "train"], summary
     assert jobs[-1][1] == trained["attempts"][0]["job"] and rows[-1].endswith(" | completed |"), rows
-    if executor == "slurm":  # the precompile warm-up ran on the node training then used
-        compiled = json.loads(artifacts["tiny-local-precompile"].data)
-        assert compiled and compiled[0]["compiled"] > 0
-        assert [row["compiled"] for row in trained["compiled_during_training"]] == [0]
-        # the node is named as Slurm names it, so the next job can be pinned to it
-        node = trained["compiled_during_training"][0]["node"]
-        assert subprocess.run(["sinfo", "-h", "-n", node, "-o", "%n"], capture_output=True, text=True).stdout.strip() == node
-        assert f"| train | {node} | 0 | " in summary and f"| precompile | {node} | {compiled[0]['compiled']} | " in summary
 
     again = pretrain(preset="tiny-local", overrides=overrides, return_state=True)
     assert {k: again.result()[k] for k in ("fetch", "tokenize")} == {k: state.result()[k] for k in ("fetch", "tokenize")}

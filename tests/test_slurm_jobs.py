@@ -167,6 +167,7 @@ def test_requeued_job_runs_again_and_succeeds(local_stack, shared_dir):
     assert marker.exists()
 
 
+@pytest.mark.alone
 def test_a_job_preempted_on_spot_capacity_fails_the_wait_as_preempted(local_stack, shared_dir):
     # A program that does not stop on SIGTERM is killed at the end of the grace time, and Slurm
     # then keeps reporting PREEMPTED for a job that will not run again: the wait must end.
@@ -187,6 +188,7 @@ def test_a_job_preempted_on_spot_capacity_fails_the_wait_as_preempted(local_stac
     assert info.value.state == "PREEMPTED"
 
 
+@pytest.mark.alone
 def test_a_job_preempted_where_preemption_requeues_runs_again_and_succeeds(local_stack, shared_dir):
     marker = shared_dir / "restarted"
     script = f'if [ "${{SLURM_RESTART_COUNT:-0}}" -ge 1 ]; then touch {marker}; else sleep 300; fi'

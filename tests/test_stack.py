@@ -56,10 +56,8 @@ def test_up_starts_every_component_and_is_idempotent(second_stack):
     env = stack.environment(second_stack)
     assert env["SLURM_CONF"].startswith(str(second_stack))
     assert sbatch_and_wait(second_stack)
-    started = time.monotonic()
     stack.up(second_stack)
-    assert time.monotonic() - started < 5
-    assert stack.status(second_stack) == first
+    assert stack.status(second_stack) == first  # the same processes: nothing was started again
 
     s3 = boto3.client("s3", endpoint_url=env["PRETRAIN_S3_ENDPOINT"], region_name="us-east-1",
                       aws_access_key_id="x", aws_secret_access_key="x")

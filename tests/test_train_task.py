@@ -245,6 +245,7 @@ def test_scontrol_requeue_restarts_the_same_job_which_resumes(corpus, tmp_path, 
     assert result["resumed_from"] == stopped["step"] >= fault.at_step
 
 
+@pytest.mark.alone
 def test_preemption_on_spot_capacity_resubmits_and_resumes(corpus, tmp_path, clean_queue):
     """Spot capacity: a higher-priority job takes the node; Slurm signals the trainer (which saves
     and exits within the partition's grace time) and does not requeue, so the task resubmits."""
@@ -257,6 +258,7 @@ def test_preemption_on_spot_capacity_resubmits_and_resumes(corpus, tmp_path, cle
     assert stopped["signal"] == "SIGTERM" and result["resumed_from"] == stopped["step"] == first["step"]
 
 
+@pytest.mark.alone
 def test_time_limit_stops_the_trainer_with_usr2_and_the_next_job_resumes(corpus, tmp_path, clean_queue):
     """A 1-minute limit with USR2 asked 1 s ahead. slurmctld checks limits every 30 s and sends the
     signal at the first check within 30 s + delay of the limit, so it arrives 29-59 s into a job:
@@ -348,6 +350,7 @@ def seconds_in_queue(job_id: str) -> float:
     return started - submitted
 
 
+@pytest.mark.alone
 def test_hung_run_is_cancelled_and_resubmitted_but_a_queued_job_is_not_hung(corpus, tmp_path, clean_queue):
     """The hang clock runs while the job runs: the first job waits behind another for longer than
     hang_timeout_min and is left alone; once it trains, both ranks are stopped (SIGSTOP), and
@@ -432,6 +435,7 @@ def test_event_lines_after_the_last_step_are_signs_of_life(tmp_path):
     assert follow().startswith("no new metrics for 1.0 min (last step 2)")
 
 
+@pytest.mark.alone
 def test_only_the_node_slurm_holds_failed_is_excluded_from_the_next_attempt(local_stack):
     """After NODE_FAIL the job's node list names every node it ran on; the one to leave out is
     the one Slurm now holds down or drained (here: this cluster's node, drained for the test)."""
