@@ -37,8 +37,9 @@ SECRET = "s3-secret-never-logged-5f0c1e"
 
 
 @pytest.fixture(scope="module")
-def server(local_stack, tmp_path_factory):
-    """The stack's Prefect server, made this process's API for the module (blocks, clients)."""
+def server(local_stack, prefect_harness, tmp_path_factory):
+    """The stack's Prefect server, made this process's API for the module (blocks, clients): set
+    after the session's harness has set its own, whichever module ran first."""
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
     stack.up(components=("prefect",))
@@ -278,7 +279,7 @@ def test_tiny_local_run_publishes_every_artifact_and_the_ui_draws_the_loss_curve
     # Every stage's Slurm jobs, each completed, in the order they ran.
     jobs = [line.split(" | ") for line in summary.split("#### Slurm jobs")[1].split("####")[0].splitlines()
             if line.startswith("| ") and not line.startswith("| stage |")]
-    assert [stage.strip("| ") for stage, *_ in jobs] == ["tokenize", "precompile", "train"], summary
+    assert [stage.strip("| ") for stage, *_ in jobs] == ["tokenize-0-of-1", "tokenize-merge", "precompile", "train"], summary
     assert all(outcome.strip(" |") == "completed" for *_, outcome in jobs), summary
     # The warm-up compiled on the node that training then used, so training compiled nothing;
     # the node is named as Slurm names it, so the next job can be pinned to it.

@@ -61,7 +61,7 @@ def train_only(overrides: list[str], dataset: str, data_dir: str) -> dict:
 
 
 @pytest.fixture(scope="module")
-def corpus(local_stack, tmp_path_factory) -> Corpus:
+def corpus(local_stack, prefect_harness, tmp_path_factory) -> Corpus:  # its flow needs the API
     root = tmp_path_factory.mktemp("train-task-data")
     tokenizer = llama3_style(root / "tokenizer", corpus_texts())
     seed_corpus(local_stack["PRETRAIN_S3_ENDPOINT"])
