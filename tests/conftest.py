@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import subprocess
 from pathlib import Path
 
 import boto3
@@ -101,3 +102,14 @@ def s3(s3_endpoint):
 def shared_dir(tmp_path) -> Path:
     """A directory the Slurm jobs can reach (single node: any local path is shared)."""
     return tmp_path
+
+
+@pytest.fixture
+def clean_queue():
+    """Job names whose jobs are cancelled after the test, pass or fail, so that a failed test
+    leaves the next one (on either worker) an idle node; the tests assert that nothing was left
+    themselves."""
+    names: list[str] = []
+    yield names
+    for name in names:
+        subprocess.run(["scancel", "-n", name], check=False)

@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -370,8 +371,9 @@ def test_nightly_benchmark_passes_against_its_baseline_and_fails_naming_a_slowdo
 def endless(tiny_local: list[str], name: str, *extra: str) -> list[str]:
     """Overrides for a tiny-local run that trains until it is stopped, under a name of its own:
     its train job, ``{name}-train``, is never taken for another test's (make test runs a second
-    module beside this one)."""
-    return [*tiny_local, f"name={name}", "training.train_steps=100000", "backend.native.compile=false", *extra]
+    module beside this one). One process: what is tested is the stop, not data parallelism."""
+    return [*tiny_local, f"name={name}", "training.train_steps=100000", "backend.native.compile=false",
+            "cluster.devices_per_node=1", *extra]
 
 
 def gone_within(job: str, name: str, seconds: float) -> bool:
@@ -381,8 +383,8 @@ def gone_within(job: str, name: str, seconds: float) -> bool:
     return job not in dict(squeue(name))
 
 
-def test_cancelling_a_running_flow_cancels_its_slurm_job(worker, tiny_local):
-    name = "cancel-via-worker"
+def test_cancelling_a_running_flow_cancels_its_slurm_job(worker, tiny_local, clean_queue):
+    clean_queue.append(f"{(name := 'cancel-via-worker')}-train")
     older = set(dict(squeue(f"{name}-train")))
     run_id = run_deployment(worker, "pretrain/tiny-local", {"overrides": endless(tiny_local, name)})
     job = running_job(f"{name}-train", older)
@@ -392,12 +394,14 @@ def test_cancelling_a_running_flow_cancels_its_slurm_job(worker, tiny_local):
     assert wait_for(run_id, worker, timeout=120).state.name == "Cancelled"
 
 
-def test_cancelling_a_flow_run_started_without_a_worker_cancels_its_slurm_job(worker, tiny_local, root, tmp_path):
+def test_cancelling_a_flow_run_started_without_a_worker_cancels_its_slurm_job(worker, tiny_local, root, tmp_path,
+                                                                            clean_queue):
     """`pretrain run` from a terminal has no worker to signal it: the flow process itself sees
     the cancel on the server and cancels its job."""
-    name = "cancel-without-worker"
+    # the stack's server keeps the flow runs of earlier sessions: the name finds this one
+    clean_queue.append(f"{(name := f'cancel-without-worker-{uuid.uuid4().hex[:8]}')}-train")
     older = set(dict(squeue(f"{name}-train")))
-    marker = f"name={name}"  # finds this run among the server's flow runs
+    marker = f"name={name}"
     log = tmp_path / "run.log"
     with open(log, "w") as out:
         proc = subprocess.Popen([str(Path(sys.executable).with_name("pretrain")), "run", "tiny-local",
@@ -443,8 +447,8 @@ def running_flow_runs() -> list:
             state=FlowRunFilterState(type=FlowRunFilterStateType(any_=[StateType.RUNNING]))))
 
 
-def test_a_slurm_side_failure_is_the_flow_runs_state_message(worker, tiny_local):
-    name = "slurm-side-failure"
+def test_a_slurm_side_failure_is_the_flow_runs_state_message(worker, tiny_local, clean_queue):
+    clean_queue.append(f"{(name := 'slurm-side-failure')}-train")
     older = set(dict(squeue(f"{name}-train")))
     run_id = run_deployment(worker, "pretrain/tiny-local",
                             {"overrides": endless(tiny_local, name, "backend.native.max_restarts=0")})
@@ -455,10 +459,10 @@ def test_a_slurm_side_failure_is_the_flow_runs_state_message(worker, tiny_local)
     assert "CANCELLED" in run.state.message and job in run.state.message, run.state.message
 
 
-def test_a_killed_flow_process_leaves_no_slurm_job(worker, tiny_local):
+def test_a_killed_flow_process_leaves_no_slurm_job(worker, tiny_local, clean_queue):
     """SIGKILL runs no cleanup: the job cancels itself once its lease is no longer renewed."""
     SlurmCluster(lease_timeout_s=10).save("short-lease", overwrite=True)
-    name = "killed-flow"
+    clean_queue.append(f"{(name := 'killed-flow')}-train")
     older = set(dict(squeue(f"{name}-train")))
     try:
         run_id = run_deployment(worker, "pretrain/tiny-local",
@@ -471,7 +475,8 @@ def test_a_killed_flow_process_leaves_no_slurm_job(worker, tiny_local):
         delete_block("slurm-cluster", "short-lease")
 
 
-def test_a_killed_worker_leaves_the_flow_run_in_charge_of_its_slurm_job(worker, tiny_local, root, tmp_path):
+def test_a_killed_worker_leaves_the_flow_run_in_charge_of_its_slurm_job(worker, tiny_local, root, tmp_path,
+                                                                         clean_queue):
     """A worker that dies (the OOM killer, say) takes nothing with it: the flow-run process it
     started goes on renewing its job's lease, and a cancel from the API still ends the job."""
     from prefect import get_client
@@ -481,7 +486,7 @@ def test_a_killed_worker_leaves_the_flow_run_in_charge_of_its_slurm_job(worker, 
     with get_client(sync_client=True) as client, contextlib.suppress(ObjectAlreadyExists):  # the stack outlives a run
         client.create_work_queue("worker-crash", work_pool_name=POOL)
     crashing = start_worker({**worker["env"], "PRETRAIN_ROOT": str(root)}, tmp_path / "worker.log", "worker-crash")
-    name = "killed-worker"
+    clean_queue.append(f"{(name := 'killed-worker')}-train")
     older = set(dict(squeue(f"{name}-train")))
     try:
         with get_client(sync_client=True) as client:

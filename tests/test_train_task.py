@@ -79,16 +79,6 @@ def overrides_for(name: str, root: Path, corpus: Corpus, *extra: str) -> list[st
             "backend.native.compile=false", "backend.native.export_hf=false", *extra]
 
 
-@pytest.fixture
-def clean_queue():
-    """Job names whose jobs are cancelled after the test, pass or fail, so that a failed test
-    leaves the next one an idle node (the tests assert that nothing was left themselves)."""
-    names: list[str] = []
-    yield names
-    for name in names:
-        subprocess.run(["scancel", "-n", name], check=False)
-
-
 # ---------------------------------------------------------------- reading the run
 
 
@@ -326,9 +316,11 @@ def occupy_node(job_name: str, seconds: float) -> str:
     job_id = subprocess.run(["sbatch", "--parsable", "-J", job_name, "-n", "1", "-c", "8", "-t", "5",
                              "-o", "/dev/null", "--wrap", f"sleep {seconds}"],
                             capture_output=True, text=True, check=True).stdout.strip()
-    deadline = time.monotonic() + 30
+    # (the other worker's last job may still be ending: its test has, its KillWait not)
+    deadline = time.monotonic() + 60
     while queued(job_name) != [f"{job_id} RUNNING"]:
-        assert time.monotonic() < deadline, f"{job_name} did not start"
+        assert time.monotonic() < deadline, (f"{job_name} did not start; the queue: "
+                                             + subprocess.run(["squeue"], capture_output=True, text=True).stdout)
         time.sleep(0.3)
     return job_id
 
