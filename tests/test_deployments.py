@@ -27,6 +27,7 @@ from deployments.stack.processes import alive
 from pretrain.corpus import corpus_texts
 from pretrain.presets import list_presets
 from pretrain.toy_tokenizers import llama3_style
+from run_summary import section_rows
 from ui_screenshot import screenshot, xychart
 
 REPO = Path(__file__).resolve().parents[1]
@@ -278,10 +279,9 @@ def test_tiny_local_run_publishes_every_artifact_and_the_ui_draws_the_loss_curve
     summary = artifacts["tiny-local-run-summary"].data
     assert "final train loss" in summary
     # Every stage's Slurm jobs, each completed, in the order they ran.
-    jobs = [line.split(" | ") for line in summary.split("#### Slurm jobs")[1].split("####")[0].splitlines()
-            if line.startswith("| ") and not line.startswith("| stage |")]
-    assert [stage.strip("| ") for stage, *_ in jobs] == ["tokenize-0-of-1", "tokenize-merge", "precompile", "train"], summary
-    assert all(outcome.strip(" |") == "completed" for *_, outcome in jobs), summary
+    jobs = section_rows(summary, "Slurm jobs")
+    assert [stage for stage, *_ in jobs] == ["tokenize-0-of-1", "tokenize-merge", "precompile", "train"], summary
+    assert all(outcome == "completed" for *_, outcome in jobs), summary
     # The warm-up compiled on the node that training then used, so training compiled nothing;
     # the node is named as Slurm names it, so the next job can be pinned to it.
     [compiled] = json.loads(artifacts["tiny-local-precompile"].data)
@@ -376,21 +376,21 @@ def endless(tiny_local: list[str], name: str, *extra: str) -> list[str]:
             "cluster.devices_per_node=1", *extra]
 
 
-def gone_within(job: str, name: str, seconds: float) -> bool:
+def gone_within(job: str, job_name: str, seconds: float) -> bool:
     deadline = time.monotonic() + seconds
-    while job in dict(squeue(name)) and time.monotonic() < deadline:
+    while job in dict(squeue(job_name)) and time.monotonic() < deadline:
         time.sleep(0.5)
-    return job not in dict(squeue(name))
+    return job not in dict(squeue(job_name))
 
 
 def test_cancelling_a_running_flow_cancels_its_slurm_job(worker, tiny_local, clean_queue):
-    clean_queue.append(f"{(name := 'cancel-via-worker')}-train")
-    older = set(dict(squeue(f"{name}-train")))
+    clean_queue.append(job_name := f"{(name := 'cancel-via-worker')}-train")
+    older = set(dict(squeue(job_name)))
     run_id = run_deployment(worker, "pretrain/tiny-local", {"overrides": endless(tiny_local, name)})
-    job = running_job(f"{name}-train", older)
+    job = running_job(job_name, older)
     prefect_cli(worker, "flow-run", "cancel", run_id)
-    assert gone_within(job, f"{name}-train", 30), ("the Slurm job outlived its cancelled flow run by 30 s; its last logs:\n"
-                                  + last_logs(run_id))
+    assert gone_within(job, job_name, 30), ("the Slurm job outlived its cancelled flow run by 30 s; its last logs:\n"
+                                            + last_logs(run_id))
     assert wait_for(run_id, worker, timeout=120).state.name == "Cancelled"
 
 
@@ -399,8 +399,8 @@ def test_cancelling_a_flow_run_started_without_a_worker_cancels_its_slurm_job(wo
     """`pretrain run` from a terminal has no worker to signal it: the flow process itself sees
     the cancel on the server and cancels its job."""
     # the stack's server keeps the flow runs of earlier sessions: the name finds this one
-    clean_queue.append(f"{(name := f'cancel-without-worker-{uuid.uuid4().hex[:8]}')}-train")
-    older = set(dict(squeue(f"{name}-train")))
+    clean_queue.append(job_name := f"{(name := f'cancel-without-worker-{uuid.uuid4().hex[:8]}')}-train")
+    older = set(dict(squeue(job_name)))
     marker = f"name={name}"
     log = tmp_path / "run.log"
     with open(log, "w") as out:
@@ -409,10 +409,10 @@ def test_cancelling_a_flow_run_started_without_a_worker_cancels_its_slurm_job(wo
                                 cwd=REPO, env={**worker["env"], "PRETRAIN_ROOT": str(root)}, stdout=out,
                                 stderr=subprocess.STDOUT)
     try:
-        job = running_job(f"{name}-train", older)
+        job = running_job(job_name, older)
         (run_id,) = [str(r.id) for r in running_flow_runs() if marker in r.parameters.get("overrides", [])]
         prefect_cli(worker, "flow-run", "cancel", run_id)
-        assert gone_within(job, f"{name}-train", 30), "the Slurm job outlived its cancelled flow run by 30 s:\n" + log.read_text()[-4000:]
+        assert gone_within(job, job_name, 30), "the Slurm job outlived its cancelled flow run by 30 s:\n" + log.read_text()[-4000:]
         assert proc.wait(timeout=60) == 130
         assert "cancelled Slurm job(s) " + job in log.read_text()
         assert flow_run(run_id).state.name == "Cancelled"
@@ -448,11 +448,11 @@ def running_flow_runs() -> list:
 
 
 def test_a_slurm_side_failure_is_the_flow_runs_state_message(worker, tiny_local, clean_queue):
-    clean_queue.append(f"{(name := 'slurm-side-failure')}-train")
-    older = set(dict(squeue(f"{name}-train")))
+    clean_queue.append(job_name := f"{(name := 'slurm-side-failure')}-train")
+    older = set(dict(squeue(job_name)))
     run_id = run_deployment(worker, "pretrain/tiny-local",
                             {"overrides": endless(tiny_local, name, "backend.native.max_restarts=0")})
-    job = running_job(f"{name}-train", older)
+    job = running_job(job_name, older)
     subprocess.run(["scancel", job], check=True, timeout=60)
     run = wait_for(run_id, worker, timeout=180)
     assert run.state.is_failed()
@@ -462,14 +462,14 @@ def test_a_slurm_side_failure_is_the_flow_runs_state_message(worker, tiny_local,
 def test_a_killed_flow_process_leaves_no_slurm_job(worker, tiny_local, clean_queue):
     """SIGKILL runs no cleanup: the job cancels itself once its lease is no longer renewed."""
     SlurmCluster(lease_timeout_s=10).save("short-lease", overwrite=True)
-    clean_queue.append(f"{(name := 'killed-flow')}-train")
-    older = set(dict(squeue(f"{name}-train")))
+    clean_queue.append(job_name := f"{(name := 'killed-flow')}-train")
+    older = set(dict(squeue(job_name)))
     try:
         run_id = run_deployment(worker, "pretrain/tiny-local",
                                 {"overrides": endless(tiny_local, name, "cluster.block=short-lease")})
-        job = running_job(f"{name}-train", older)
+        job = running_job(job_name, older)
         os.kill(flow_run_process(run_id, worker["pid"]), signal.SIGKILL)
-        assert gone_within(job, f"{name}-train", 60)
+        assert gone_within(job, job_name, 60)
         assert wait_for(run_id, worker, timeout=120).state.name == "Crashed"
     finally:
         delete_block("slurm-cluster", "short-lease")
@@ -486,26 +486,26 @@ def test_a_killed_worker_leaves_the_flow_run_in_charge_of_its_slurm_job(worker, 
     with get_client(sync_client=True) as client, contextlib.suppress(ObjectAlreadyExists):  # the stack outlives a run
         client.create_work_queue("worker-crash", work_pool_name=POOL)
     crashing = start_worker({**worker["env"], "PRETRAIN_ROOT": str(root)}, tmp_path / "worker.log", "worker-crash")
-    clean_queue.append(f"{(name := 'killed-worker')}-train")
-    older = set(dict(squeue(f"{name}-train")))
+    clean_queue.append(job_name := f"{(name := 'killed-worker')}-train")
+    older = set(dict(squeue(job_name)))
     try:
         with get_client(sync_client=True) as client:
             run_id = str(client.create_flow_run_from_deployment(
                 client.read_deployment_by_name("pretrain/tiny-local").id, work_queue_name="worker-crash",
                 parameters={"preset": "tiny-local",
                             "overrides": endless(tiny_local, name, "cluster.block=short-lease")}).id)
-        job = running_job(f"{name}-train", older)
+        job = running_job(job_name, older)
         flow_process = flow_run_process(run_id, crashing.pid)
         os.kill(crashing.pid, signal.SIGKILL)
         crashing.wait(timeout=30)
         killed_at = datetime.now(timezone.utc)
         time.sleep(20)  # twice the lease: a job whose lease lapsed would be cancelling itself by now
-        assert dict(squeue(f"{name}-train")).get(job) == "RUNNING", last_logs(run_id)
+        assert dict(squeue(job_name)).get(job) == "RUNNING", last_logs(run_id)
         assert alive(flow_process) and flow_run(run_id).state.name == "Running"
         # The flow process went on logging (the training job's lines) after its worker was gone.
         assert any(log.timestamp > killed_at for log in logs_of(run_id)), last_logs(run_id)
         prefect_cli(worker, "flow-run", "cancel", run_id)
-        assert gone_within(job, f"{name}-train", 30), "the Slurm job outlived its cancelled flow run by 30 s"
+        assert gone_within(job, job_name, 30), "the Slurm job outlived its cancelled flow run by 30 s"
         assert wait_for(run_id, worker, timeout=120).state.name == "Cancelled"
     finally:
         with contextlib.suppress(ProcessLookupError):  # the flow-run process, if the test failed before its end

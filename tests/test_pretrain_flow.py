@@ -21,6 +21,7 @@ from pretrain.corpus import corpus_texts
 from pretrain.loss_curve import loss_curve_markdown, table_rows
 from pretrain.presets import load_spec
 from pretrain.toy_tokenizers import llama3_style
+from run_summary import section_rows
 from trainer.tokenizer import load_tokenizer
 
 PRETRAIN = [sys.executable, "-m", "cli.main"]
@@ -86,16 +87,11 @@ def test_tiny_local_runs_every_stage_on_the_demo_corpus(s3_endpoint, demo_tokeni
     assert re.search(r"\| tokens/s \| [\d,]+ \|", summary) and re.search(r"\| step time \| [\d,.]+ ms \|", summary)
     assert f"| code version | `{manifest.code_version()}` |" in summary
     assert f"| torch | {torch.__version__} |" in summary and "| prefect | " in summary
-    durations = summary.split("#### Stage durations")[1].split("####")[0]
-    timed = [line.split(" | ")[0].strip("| ") for line in durations.splitlines()[3:] if line]
-    assert timed == ["fetch", "tokenize", "train"], durations
+    assert [stage for stage, *_ in section_rows(summary, "Stage durations")] == ["fetch", "tokenize", "train"], summary
     # every job of the run, each stage's: the tokenize shards and their merge, training
-    rows = [line for line in summary.split("#### Slurm jobs")[1].split("####")[0].splitlines()
-            if line.startswith("| ") and not line.startswith("| stage |")]
-    jobs = [line.split(" | ")[:2] for line in rows]
-    stages = [stage.strip("| ") for stage, _ in jobs]
-    assert stages == ["tokenize-0-of-2", "tokenize-1-of-2", "tokenize-merge", "train"], summary
-    assert jobs[-1][1] == trained["attempts"][0]["job"] and rows[-1].endswith(" | completed |"), rows
+    jobs = section_rows(summary, "Slurm jobs")
+    assert [stage for stage, *_ in jobs] == ["tokenize-0-of-2", "tokenize-1-of-2", "tokenize-merge", "train"], summary
+    assert jobs[-1][1] == trained["attempts"][0]["job"] and jobs[-1][-1] == "completed", jobs
 
     again = pretrain(preset="tiny-local", overrides=overrides, return_state=True)
     assert {k: again.result()[k] for k in ("fetch", "tokenize")} == {k: state.result()[k] for k in ("fetch", "tokenize")}
