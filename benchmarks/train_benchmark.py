@@ -4,6 +4,7 @@
     .venv/bin/python benchmarks/train_benchmark.py tiny-local
     python benchmarks/train_benchmark.py gpu [--steps 30] [--micro-batch 8] [--global-batch 16]
                                              [--checkpoint-interval 10] [--smoke]
+    python benchmarks/train_benchmark.py float8 [--steps 200] [--micro-batch 8] [--global-batch 16] [--smoke]
     python benchmarks/train_benchmark.py resume [--steps 40]
 
 overhead: wall time per step of ``python -m trainer train`` (data loading from a Megatron
@@ -28,6 +29,10 @@ after warm-up (target MFU >= 45 % on one H100); then a bare loop of the same sha
 device, and the trainer's overhead ratio over it (target <= 1.05) without and with the
 checkpoints. Needs the trainer's dependencies beside a CUDA PyTorch (megatron-core for the dataset). ``--smoke`` runs the same path with the small overhead
 model on whatever device there is, to check the command.
+
+float8: the gpu benchmark's model trained from the same seed on the same data in bf16, then with
+float8 linear layers (torchao, tensorwise dynamic scales); prints each one's tokens/s and loss,
+and the speed-up (target >= 1.3x at the same loss curve). Needs a GPU of compute capability 8.9+.
 
 resume: not a timing but the check that belongs beside it on a lent accelerator, which the suite
 (CPU only) cannot make: the small model trains ``--steps`` steps on the default device, once in
@@ -261,6 +266,32 @@ def gpu(steps: int, micro: int, global_batch: int, checkpoint_interval: int, smo
               f"up {stalls}")
 
 
+def float8(steps: int, micro: int, global_batch: int, smoke: bool) -> None:
+    """The gpu benchmark's model trained twice from the same seed on the same data, in bf16 and
+    with float8 linear layers (torchao): tokens/s, medians after warm-up, and how far apart the
+    two loss curves end (mean over the last 20 steps; one step's loss is noisy)."""
+    model, seq = (MODEL, SEQ) if smoke else (LLAMA_1B, 2048)
+    runs = {}
+    for name, float8_on in (("bf16", False), ("float8", True)):
+        with tempfile.TemporaryDirectory() as tmp:
+            config = trainer_config(Path(tmp), model, steps=steps, micro=micro, global_batch=global_batch, seq=seq,
+                                    checkpoint_interval=steps, precision="bf16",
+                                    parallel={"compile": True, "float8": float8_on},
+                                    checkpoint={"dir": str(Path(tmp) / "ckpt"), "interval": steps, "final": False})
+            runs[name] = run_trainer(config)
+    speed = {name: statistics.median(r["tokens_per_s"] for step, r in records.items() if step > WARMUP)
+             for name, records in runs.items()}
+    tail = {name: statistics.mean(r["loss"] for step, r in records.items() if step > steps - 20)
+            for name, records in runs.items()}
+    first = {name: records[1]["loss"] for name, records in runs.items()}
+    print(f"device: {device_name()}; model: {model['num_layers']} layers, hidden {model['hidden_size']}, seq {seq}, "
+          f"micro-batch {micro}, global batch {global_batch}, torch.compile; {steps} steps each")
+    for name in runs:
+        print(f"{name}: tokens/s {speed[name]:.0f}; loss {first[name]:.3f} -> {tail[name]:.3f} (mean of the last 20 steps)")
+    print(f"float8 over bf16: {speed['float8'] / speed['bf16']:.3f}x tokens/s (target >= 1.3); final loss "
+          f"difference {tail['float8'] - tail['bf16']:+.4f}")
+
+
 def resume(steps: int) -> None:
     """Steps after the mid-run checkpoint, trained straight through and again after a resume."""
     from trainer.run_layout import checkpoint_dir
@@ -289,7 +320,7 @@ def device_name() -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("which", choices=["overhead", "tiny-local", "gpu", "resume", "bare"],
+    parser.add_argument("which", choices=["overhead", "tiny-local", "gpu", "float8", "resume", "bare"],
                         help="bare: one bare loop, for overhead")
     parser.add_argument("--steps", type=int, help="default: 110 for overhead and bare, 30 for gpu, 40 for resume")
     parser.add_argument("--repeats", type=int, default=3, help="overhead: alternating runs of each")
@@ -303,13 +334,15 @@ def main() -> None:
                         help="gpu: steps between async checkpoints (10: two in the default 20 timed steps)")
     parser.add_argument("--smoke", action="store_true", help="gpu: the small model, to check the command anywhere")
     args = parser.parse_args()
-    steps = args.steps or {"gpu": 30, "resume": 40}.get(args.which, 110)
+    steps = args.steps or {"gpu": 30, "float8": 200, "resume": 40}.get(args.which, 110)
     if args.which == "bare":
         print(bare_loop(steps, args.shape, args.glibc_defaults))
     elif args.which == "overhead":
         overhead(steps, args.repeats, [int(i) for i in args.intervals.split(",")])
     elif args.which == "gpu":
         gpu(steps, args.micro_batch, args.global_batch, args.checkpoint_interval, args.smoke)
+    elif args.which == "float8":
+        float8(steps, args.micro_batch, args.global_batch, args.smoke)
     elif args.which == "resume":
         resume(steps)
     else:

@@ -4,7 +4,8 @@
   (``reduced_train_loss=13.40, lr=7.5e-9, global_step=1.000, ...``), global_step counting from 0.
 - NxD Llama examples: ``step 1 step_time 244.76s throughput 3.93 seq/s loss 13.41 grad norm 1.97``.
 - Megatron-LM: ``training_log``'s iteration line, with or without its timestamp prefix (kept as
-  ``time``, epoch seconds, the native stream's name for it).
+  ``time``, epoch seconds, the native stream's name for it), and ``evaluate_and_print_results``'s
+  validation lines (``val_loss``, ``val_ppl``; ``test_...`` on the test set).
 - The native trainer: JSON lines with a ``step``; those with an ``event`` (checkpoint saved, step
   skipped) record occurrences, not metrics.
 
@@ -48,6 +49,10 @@ _NXDT_PAIR = re.compile(r"([A-Za-z_]\w*)=([^,\]\s]+)(?=[,\]])")
 _MEGATRON_ITER = re.compile(r"iteration\s+(\d+)/\s*(\d+)\s*\|")
 # " [2024-05-04 12:00:01]" (core_v0.6 on) or with microseconds (2026 on), right before "iteration".
 _MEGATRON_TIME = re.compile(r"\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)?)\]\s*$")
+# ``evaluate_and_print_results``: "validation loss at iteration 20 | lm loss value: 6.75E+00 |
+# lm loss PPL: 8.57E+02 |" during training; at its end the same with " on validation set" or
+# " on test set" after the iteration.
+_MEGATRON_EVAL = re.compile(r"validation loss at iteration\s+(\d+)(?: on (validation|test) set)?\s*\|")
 _NXD_LINE = re.compile(r"\bstep (\d+) step_time ([\d.]+)s throughput ([\d.]+) seq/s loss ([\d.eE+-]+)"
                        r"(?: grad norm ([\d.eE+-]+))?")
 
@@ -147,6 +152,32 @@ def _megatron(line: str, stream: MetricsStream) -> bool:
     return True
 
 
+def _megatron_eval(line: str, stream: MetricsStream) -> bool:
+    """An evaluation line: each ``<name> value`` and ``<name> PPL`` as ``val_<name>`` and
+    ``val_<name>_ppl`` (``test_`` on the test set), the lm loss as ``val_loss`` and ``val_ppl``, the
+    native trainer's names. The end-of-training evaluation of the last iteration follows that
+    iteration's periodic one, and its values win."""
+    match = _MEGATRON_EVAL.search(line)
+    if not match:
+        return False
+    prefix = "test" if match.group(2) == "test" else "val"
+    metrics: dict[str, float] = {}
+    try:
+        for part in line[match.end():].split("|")[:-1]:  # as in _megatron: after the last "|" is torn
+            label, sep, value = part.partition(":")
+            name, _, kind = label.strip().rpartition(" ")
+            if sep and kind in ("value", "PPL"):
+                base = name.removesuffix(" loss")  # "lm loss", "mtp_1 loss"
+                scope = prefix if base == "lm" else f"{prefix}_{_snake(base)}"
+                metrics[f"{scope}_{'ppl' if kind == 'PPL' else 'loss'}"] = _number(value)
+    except ValueError:
+        stream.skipped += 1
+        return True
+    if metrics:
+        stream.add(int(match.group(1)), metrics)
+    return True
+
+
 def _nxd_llama(line: str, stream: MetricsStream) -> bool:
     match = _NXD_LINE.search(line)
     if not match:
@@ -181,5 +212,6 @@ def parse_log(text: str, stream: MetricsStream | None = None) -> MetricsStream:
     stream = stream or MetricsStream()
     for line in re.split(r"[\r\n]+", text):
         if line.strip():
-            _native(line, stream) or _megatron(line, stream) or _nxdt(line, stream) or _nxd_llama(line, stream)
+            (_native(line, stream) or _megatron(line, stream) or _megatron_eval(line, stream) or _nxdt(line, stream)
+             or _nxd_llama(line, stream))
     return stream

@@ -13,7 +13,8 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from trainer.model_shape import (check_attention_shape, check_converted_kv_heads, check_heads_over_tp,
-                                 check_kv_heads_over_tp, check_native_model, check_native_tp)
+                                 check_kv_heads_over_tp, check_native_float8, check_native_model,
+                                 check_native_tp)
 from trainer.nxdt_layout import LayoutError, NxdtLayout
 from trainer.run_layout import data_parallel_size, grad_accumulation
 
@@ -269,6 +270,9 @@ class MegatronLMSpec(Restarts):
     init_method_std: float = Field(0.02, gt=0, description="--init-method-std (Megatron's default 0.02).")
     recompute_activations: bool = Field(False, description="--recompute-activations: selective recomputation "
                                         "of the attention core.")
+    extra_args: list[str] = Field(default_factory=list, description="pretrain_gpt.py arguments the spec has no "
+                                  "field for, appended verbatim (e.g. --transformer-impl local where the image "
+                                  "has no Transformer Engine).")
 
 
 class NativeSpec(Restarts):
@@ -281,6 +285,8 @@ class NativeSpec(Restarts):
     compile_cache_dir: str | None = Field(None, description="Shared compile cache; default <paths.root>/compile-cache.")
     precompile_steps: int = Field(2, gt=0, description="Steps of the precompile warm-up run.")
     activation_checkpointing: bool = False
+    float8: bool = Field(False, description="Linear layers in float8 (torchao; bf16 precision, tp 1, a GPU of "
+                         "compute capability 8.9+ such as the H100).")
     async_checkpoint: bool = Field(True, description="Write checkpoints in the background.")
     checkpoint_keep: int = Field(3, gt=0, description="Complete checkpoints kept.")
     max_nan_steps_in_a_row: int = Field(10, gt=0, description="Non-finite steps in a row that abort the run.")
@@ -417,6 +423,7 @@ class PretrainSpec(Strict):
         if kind == "native":
             check_native_model(m.family, m.num_attention_heads, m.kv_heads)
             check_native_tp(m.family, m.num_attention_heads, m.kv_heads, p.tp)
+            check_native_float8(self.backend.native.float8, m.family, self.training.precision, p.tp)
             return
         check_heads_over_tp(m.num_attention_heads, p.tp)
         if kind == "neuron":

@@ -18,6 +18,10 @@ if TYPE_CHECKING:  # a Prefect block; rendering only copies it
 
 MASTER_PORT = 29500
 PRETRAIN_GPT = "/workspace/Megatron-LM/pretrain_gpt.py"
+# The Megatron-LM release the arguments are rendered for and were run with
+# (benchmarks/megatron_lm_gpu.py): the megatron-core version pyproject pins, NVIDIA/Megatron-LM
+# tag core_v0.16.1 (commit 55ac7082517c3878ae653c07c09c534b8aed49f6).
+MEGATRON_LM_VERSION = "0.16.1"
 
 
 def pretrain_gpt_args(spec: PretrainSpec, data_prefix: str, checkpoint_dir: str) -> list[str]:
@@ -56,11 +60,15 @@ def pretrain_gpt_args(spec: PretrainSpec, data_prefix: str, checkpoint_dir: str)
     split, eval_iters = ("100,0,0", 0) if t.benchmark else (spec.data.split, t.eval_iters)
     vocab, merges = gpt2_bpe_files(spec, data_prefix)
     data_path = [str(x) for pair in blend(spec, data_prefix) for x in pair] if spec.data.blend else [data_prefix]
-    args += ["--data-path", *data_path, "--split", split, "--tokenizer-type", "GPT2BPETokenizer",
+    # --legacy-tokenizer: Megatron-LM 0.16's default tokenizer system builds GPT2BPETokenizer as
+    # AutoTokenizer.from_pretrained("gpt2", vocab_file=...), which asks the Hugging Face Hub for
+    # gpt2's files first and fails on a node without internet (seen on a lent H100); the legacy
+    # one reads the vocab and merges files alone, as the runbooks' Megatron-LM did.
+    args += ["--data-path", *data_path, "--split", split, "--tokenizer-type", "GPT2BPETokenizer", "--legacy-tokenizer",
              "--vocab-file", vocab, "--merge-file", merges,
              "--log-interval", "1", "--eval-interval", str(t.eval_interval), "--eval-iters", str(eval_iters),
              "--save", checkpoint_dir, "--load", checkpoint_dir, "--save-interval", str(t.checkpoint_interval)]
-    return args
+    return args + mlm.extra_args
 
 
 def environment() -> dict[str, str]:

@@ -4,6 +4,7 @@ malformed lines are skipped and counted."""
 from __future__ import annotations
 
 from datetime import datetime
+from pathlib import Path
 
 
 import pytest
@@ -196,3 +197,30 @@ def test_malformed_lines_are_skipped_and_counted_never_raised():
     stream = parse_log(text)
     assert [p["step"] for p in stream.as_list()] == [10]
     assert stream.skipped == 6
+
+
+def test_a_real_megatron_lm_run_becomes_the_loss_curve_with_its_validation():
+    """Megatron-LM 0.16.1's own log (tests/assets/logs/SOURCES.md): every iteration line, and the
+    validation lines at their iterations; at the last iteration the end-of-training evaluation,
+    printed after the periodic one, is the value kept."""
+    log = (Path(__file__).parent / "assets/logs/megatron-lm-0.16.1-h100.log").read_text()
+    stream = parse_log(log)
+    assert sorted(stream.points) == list(range(1, 61)) and stream.skipped == 0
+    assert all("loss" in p and "lr" in p and "grad_norm" in p and "time" in p for p in stream.points.values())
+    assert stream.points[1]["loss"] == 8.299163 and stream.points[60]["loss"] == 6.422389
+    validated = {step: (p["val_loss"], p["val_ppl"]) for step, p in stream.points.items() if "val_loss" in p}
+    assert validated == {20: (6.753995, 857.4779), 40: (6.608345, 741.2552), 60: (6.550022, 699.2596)}
+
+
+def test_megatron_validation_lines_of_every_form():
+    stream = parse_log("\n".join([
+        " validation loss at iteration 1000 | lm loss value: 2.500000E+00 | lm loss PPL: 1.218249E+01 | ",
+        " validation loss at iteration 2000 on test set | lm loss value: 2.400000E+00 | lm loss PPL: 1.102318E+01 | "
+        "mtp_1 loss value: 2.600000E+00 | mtp_1 loss PPL: 1.346374E+01 | ",
+        " validation loss at iteration 3000 | lm loss value: 2.3",  # torn mid-value: nothing from it
+    ]))
+    assert stream.points[1000] == {"step": 1000, "val_loss": 2.5, "val_ppl": 12.18249}
+    assert stream.points[2000] == {"step": 2000, "test_loss": 2.4, "test_ppl": 11.02318, "test_mtp_1_loss": 2.6,
+                                   "test_mtp_1_ppl": 13.46374}
+    assert 3000 not in stream.points
+

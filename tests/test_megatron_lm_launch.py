@@ -55,6 +55,15 @@ def test_benchmark_mode_evaluates_nothing_and_iterations_mode():
     assert args["--train-iters"] == "100" and args["--lr-warmup-iters"] == "10" and "--train-samples" not in args
 
 
+def test_extra_arguments_come_last_so_they_win():
+    """Megatron's argparse keeps the last value of a repeated flag: the spec's extra arguments
+    (an image without Transformer Engine, say) can change what the spec rendered."""
+    spec = load_spec("gpt3-7.5b-gpu", ["backend.megatron_lm.extra_args=[--transformer-impl, local, --eval-iters, '2']"])
+    args = pretrain_gpt_args(spec, "/d", "/c")
+    assert args[-4:] == ["--transformer-impl", "local", "--eval-iters", "2"]
+    assert args.count("--eval-iters") == 2
+
+
 def test_torchrun_in_the_pyxis_container():
     spec = load_spec("gpt3-7.5b-gpu")
     line = torchrun_command(spec, "/d", "/c")

@@ -107,6 +107,45 @@ def test_what_the_trainer_cannot_build_or_split_is_refused_in_the_specs_words(tm
     assert str(raised.value).startswith(f"{path}: {message}")
 
 
+@pytest.mark.parametrize("changes, message", [
+    ({"precision": "fp32"}, "float8 with precision='fp32': float8 matmuls run inside bf16 training"),
+    ({"parallel": {"float8": True, "tp": 2}}, "float8 with parallel.tp=2: float8 runs with tp=1 only"),
+    ({"model": {**VALID["model"], "family": "gpt", "num_kv_heads": None}}, "float8 needs family=llama"),
+])
+def test_float8_settings_it_cannot_run_are_refused_by_trainer_and_spec(tmp_path, changes, message):
+    """One rule (trainer/model_shape.py) for the trainer's config and the spec, so a spec the
+    trainer would refuse is refused before anything is queued."""
+    from pretrain.presets import load_spec
+
+    cfg = {**copy.deepcopy(VALID), "precision": "bf16", "parallel": {"float8": True}, **changes}
+    path = tmp_path / "train.json"
+    path.write_text(json.dumps(cfg))
+    with pytest.raises(ValueError) as raised:
+        TrainConfig.from_file(path)
+    assert message in str(raised.value)
+    spec_changes = {"precision": ["training.precision=fp32"], "parallel": ["parallel.tp=2"],
+                    "model": ["model.family=gpt", "model.num_kv_heads=null", "model.rope_theta=null"]}[next(iter(changes))]
+    with pytest.raises(ValueError) as raised:
+        load_spec("tiny-local", ["backend.native.float8=true", "training.precision=bf16", *spec_changes])
+    assert message in str(raised.value)
+
+
+def test_float8_converts_the_blocks_linear_layers_and_leaves_the_output_projection():
+    """Which layers torchao would turn into Float8Linear (torchao itself runs on GPUs only)."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from trainer.train.parallelize import float8_eligible
+
+    model = LlamaForCausalLM(LlamaConfig(hidden_size=64, intermediate_size=176, num_hidden_layers=1,
+                                         num_attention_heads=4, num_key_value_heads=2, vocab_size=256))
+    chosen = [name for name, module in model.named_modules() if float8_eligible(module, name)]
+    assert chosen == [f"model.layers.0.{n}" for n in ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj",
+                                                      "self_attn.o_proj", "mlp.gate_proj", "mlp.up_proj",
+                                                      "mlp.down_proj")]
+    assert not float8_eligible(torch.nn.Linear(64, 20), "model.layers.0.odd")  # 20 is no multiple of 16
+
+
 def test_the_batch_arithmetic_is_one_rule_for_the_spec_and_the_trainer():
     """global batch = micro batch x dp x accumulation, dp = world / (tp x pp x cp): the trainer's
     loop and mesh ask these, and so does the spec, with its own section's names."""

@@ -537,6 +537,18 @@ def test_device_the_node_lacks_exits_2_with_a_failed_record(tmp_path):
     assert f"device={absent!r} is not available on this node" in record["reason"], record
 
 
+def test_float8_without_float8_tensor_cores_exits_2_naming_the_gpu_it_needs(tmp_path):
+    run = tmp_path / "run"
+    write_config(run, train_config(run, str(tmp_path / "no_corpus_text_document"), precision="bf16",
+                                   parallel={"float8": True}))
+    done = train(run)
+    assert done.rc == 2, done.output[-4000:]
+    record = json.loads((run / "record.json").read_text())
+    assert record["status"] == "failed", record
+    assert "float8 training needs an NVIDIA GPU of compute capability 8.9 or later" in record["reason"], record
+    assert "set backend.native.float8=false" in record["reason"], record
+
+
 def test_non_finite_losses_in_a_row_stop_the_run(corpus, tmp_path):
     run = tmp_path / "run"
     write_config(run, train_config(run, corpus, optim={"lr": 1e6, "min_lr": 0.0, "warmup_steps": 0,
@@ -873,10 +885,14 @@ dist.init_process_group("gloo", init_method=f"file://{sys.argv[2]}", rank=0, wor
 root = Path(sys.argv[1])
 checkpointer = Checkpointer(CheckpointConfig(dir=str(root)), rank=0, staging=checkpoint_staging(torch.device("cpu")))
 weights = torch.zeros(256, 2**20)  # 1 GiB: its copy outlasts save(), so a change lands midway unless waited for
+checkpointer.warm({"w": weights})
+buffer = checkpointer.stager.stage({"w": weights}).result()["w"].data_ptr()
 for step in (1, 2):
     checkpointer.save({"w": weights}, step=step)
     checkpointer.wait_for_staging()  # what the trainer does before its optimizer step
     weights.add_(1)  # the optimizer step, while the checkpoint is still being written
+checkpointer.wait()  # the buffers are the write's until it ends
+print("buffers kept:", checkpointer.stager.stage({"w": weights}).result()["w"].data_ptr() == buffer)
 checkpointer.close()
 for step in (1, 2):
     saved = {"w": torch.empty_like(weights)}
@@ -888,11 +904,12 @@ for step in (1, 2):
 def test_a_background_checkpoint_holds_the_state_of_its_step_while_training_goes_on(tmp_path):
     """A background write copies the state first, off the training thread; once the trainer has
     waited for that copy (before its optimizer step), changing the weights does not reach the
-    checkpoint, the second save's neither, also with torch 2.11's stager, which can stage once."""
+    checkpoint, the second save's neither, also with torch 2.11's stager, which empties itself
+    after each copy. The copies go to the host buffers made by the warm-up, kept for the run."""
     out = subprocess.run([sys.executable, "-c", STAGED, str(tmp_path / "ckpt"), str(tmp_path / "rdzv")],
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
-    assert out.stdout.split("\n")[:2] == ["1 0.0 0.0", "2 1.0 1.0"], out.stdout
+    assert out.stdout.split("\n")[:3] == ["buffers kept: True", "1 0.0 0.0", "2 1.0 1.0"], out.stdout
     assert complete_steps(tmp_path / "ckpt") == [1, 2]
 
 

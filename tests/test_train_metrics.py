@@ -191,10 +191,12 @@ def test_console_line_round_trips_through_the_megatron_parser(tmp_path, capsys):
     # Step 1, every 5th step, and the first step after the resume.
     assert [p["step"] for p in stream.as_list()] == [1, 5, 10, 11]
     for point in stream.as_list():
+        # the validation line, in Megatron-LM's format, joins its iteration's point
+        validation = {"val_loss": 4.0, "val_ppl": float(f"{math.exp(4.0):.6E}")} if point["step"] == 10 else {}
         assert point == {"step": point["step"], "train_iters": 200, "consumed_samples": 16 * point["step"],
                          "step_time_ms": 512.3, "lr": 3e-4, "global_batch_size": 16, "loss": 4.123456,
                          "grad_norm": 1.234, "nan_iterations": 0, "time": point["time"], "tokens_per_s": 31961.5,
-                         "mfu_pct": 38.25, "memory_gib": 61.5}
+                         "mfu_pct": 38.25, "memory_gib": 61.5, **validation}
         assert abs(point["time"] - time.time()) < 3600  # the line's timestamp, in epoch seconds
 
 

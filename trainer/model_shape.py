@@ -71,6 +71,20 @@ def check_native_model(family: str, heads: int, kv_heads: int) -> None:
                          f"remove model.num_kv_heads or set it to model.num_attention_heads={heads}")
 
 
+def check_native_float8(float8: bool, family: str, precision: str, tp: int) -> None:
+    """What the native trainer's float8 (torchao's Float8Linear, trainer/train/parallelize.py) runs with."""
+    if not float8:
+        return
+    if precision != "bf16":
+        raise ValueError(f"float8 with precision={precision!r}: float8 matmuls run inside bf16 training; "
+                         "set the precision to bf16")
+    if tp > 1:
+        # under tensor parallelism torchao needs its own float8 sharding styles, not wired here
+        raise ValueError(f"float8 with parallel.tp={tp}: float8 runs with tp=1 only; set parallel.tp=1 or turn float8 off")
+    if family != "llama":
+        raise ValueError("float8 needs family=llama: GPT-2's blocks are Conv1D modules, which float8 does not convert")
+
+
 def check_native_tp(family: str, heads: int, kv_heads: int, tp: int) -> None:
     """What the native trainer's tensor parallelism (trainer/train/parallelize.py) can split."""
     if family == "gpt" and tp > 1:

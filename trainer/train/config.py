@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from trainer.model_shape import check_attention_shape, check_native_model, check_native_tp
+from trainer.model_shape import check_attention_shape, check_native_float8, check_native_model, check_native_tp
 from trainer.train.data import DataConfig
 from trainer.train.metrics import MetricsConfig
 
@@ -73,6 +73,9 @@ class ParallelConfig:
     activation_checkpointing: bool = False
     compile: bool = False
     """torch.compile each transformer block (inductor on cpu/cuda, the neuron backend on Trainium)."""
+    float8: bool = False
+    """The blocks' linear layers compute in float8 (torchao, dynamic tensorwise scales); needs a
+    GPU with float8 tensor cores (compute capability 8.9: L40S, H100 and later)."""
 
     def __post_init__(self) -> None:
         if self.tp < 1:
@@ -131,6 +134,7 @@ class TrainConfig:
             raise ValueError("steps, micro_batch_size and global_batch_size must be at least 1")
         m = self.model
         check_native_tp(m.family, m.num_attention_heads, m.kv_heads, self.parallel.tp)
+        check_native_float8(self.parallel.float8, m.family, self.precision, self.parallel.tp)
 
     @property
     def evaluates(self) -> bool:

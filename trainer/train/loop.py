@@ -87,6 +87,8 @@ class Trainer:
         for sig in STOP_SIGNALS:
             signal.signal(sig, self._on_stop_signal)
         self.device = devices.resolve(cfg.device)
+        if cfg.parallel.float8:
+            devices.check_float8(self.device)
         devices.keep_freed_memory(self.device)
         _init_distributed(self.device)
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
@@ -207,6 +209,7 @@ class Trainer:
             self.metrics.log_event(self.step, "resumed", from_step=self.resumed_from)
         tokens_per_step = cfg.global_batch_size * cfg.seq_length
         last: dict[str, float] = {}
+        warmed = False
         self.model.train()
         while self.step < cfg.steps:
             start = time.perf_counter()
@@ -227,6 +230,9 @@ class Trainer:
                                     "from the last checkpoint")
             last.update(metrics)
             self.checkpointer.poll()
+            if not warmed:  # the optimizer has made its state in this first step
+                self.checkpointer.warm({"model_optim": ModelAndOptimizer(self.model, self.optimizer)})
+                warmed = True
             if cfg.evaluates and self.step % cfg.eval_interval == 0:
                 val = self.validate()
                 self.metrics.log_eval(self.step, val)

@@ -1,5 +1,5 @@
 """Parallelism applied to a built model by functions, in a fixed order: tensor parallel,
-activation checkpointing, compile, then FSDP2. The model classes stay stock Hugging Face."""
+float8, activation checkpointing, compile, then FSDP2. The model classes stay stock Hugging Face."""
 
 from __future__ import annotations
 
@@ -40,6 +40,23 @@ def apply_tp(model: torch.nn.Module, tp_mesh: DeviceMesh) -> None:
         parallelize_module(block, tp_mesh, plan)
 
 
+def float8_eligible(module: torch.nn.Module, fqn: str) -> bool:
+    """Linear layers whose shapes float8 matmuls take (both dimensions multiples of 16), except
+    the output projection, which stays in bf16 as torchtitan keeps it: its logits feed the loss
+    directly. (GPT-2's blocks are Conv1D modules, so float8 changes nothing there.)"""
+    return (isinstance(module, torch.nn.Linear) and fqn != "lm_head"
+            and module.in_features % 16 == 0 and module.out_features % 16 == 0)
+
+
+def apply_float8(model: torch.nn.Module) -> None:
+    try:
+        from torchao.float8 import convert_to_float8_training
+    except ImportError:
+        raise ValueError("parallel.float8 needs torchao on the nodes: pip install 'pretrain-pipeline[float8]' "
+                         "(torchao 0.18)") from None
+    convert_to_float8_training(model, module_filter_fn=float8_eligible)
+
+
 def apply_ac(model: torch.nn.Module) -> None:
     # HF's own switch keeps parameter names unchanged, so checkpoints and exports do not depend on it.
     model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
@@ -68,6 +85,8 @@ def parallelize(model: torch.nn.Module, mesh: DeviceMesh, cfg: TrainConfig, devi
     """
     if mesh["tp"].size() > 1:
         apply_tp(model, mesh["tp"])
+    if cfg.parallel.float8:
+        apply_float8(model)
     if cfg.parallel.activation_checkpointing:
         apply_ac(model)
     if cfg.parallel.compile:
