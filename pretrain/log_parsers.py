@@ -52,7 +52,12 @@ _MEGATRON_TIME = re.compile(r"\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)?)\]\s*$
 # ``evaluate_and_print_results``: "validation loss at iteration 20 | lm loss value: 6.75E+00 |
 # lm loss PPL: 8.57E+02 |" during training; at its end the same with " on validation set" or
 # " on test set" after the iteration.
-_MEGATRON_EVAL = re.compile(r"validation loss at iteration\s+(\d+)(?: on (validation|test) set)?\s*\|")
+# With --multiple-validation-sets each set's line says "validation-<index> loss at".
+_MEGATRON_EVAL = re.compile(r"validation(?:-(\d+))? loss at iteration\s+(\d+)(?: on (validation|test) set)?\s*\|")
+# What launchers put before a rank's line: srun --label's task id ("1: ", right-aligned, so
+# " 1: " among ten or more tasks) and torchrun --tee's "[default7]:" (role and local rank).
+_SRUN_LABEL = re.compile(r"^\s*(\d+):\s")
+_TORCHRUN_TEE = re.compile(r"\[[A-Za-z_]\w*?(\d+)\]:")
 _NXD_LINE = re.compile(r"\bstep (\d+) step_time ([\d.]+)s throughput ([\d.]+) seq/s loss ([\d.eE+-]+)"
                        r"(?: grad norm ([\d.eE+-]+))?")
 
@@ -115,11 +120,22 @@ def _nxdt(line: str, stream: MetricsStream) -> bool:
     return True
 
 
+def _launcher_labels(head: str) -> dict[str, float]:
+    """The srun task and torchrun local rank that labelled a line, from the text before its
+    metrics: which rank printed a value matters when ranks disagree."""
+    labels: dict[str, float] = {}
+    if srun := _SRUN_LABEL.match(head):
+        labels["srun_task"] = int(srun.group(1))
+    if tee := _TORCHRUN_TEE.search(head):
+        labels["local_rank"] = int(tee.group(1))
+    return labels
+
+
 def _megatron(line: str, stream: MetricsStream) -> bool:
     match = _MEGATRON_ITER.search(line)
     if not match:
         return False
-    metrics: dict[str, float] = {"train_iters": int(match.group(2))}
+    metrics: dict[str, float] = {"train_iters": int(match.group(2)), **_launcher_labels(line[:match.start()])}
     extra: dict[str, float] = {}
     try:
         stamp = _MEGATRON_TIME.search(line[:match.start()])
@@ -153,14 +169,16 @@ def _megatron(line: str, stream: MetricsStream) -> bool:
 
 
 def _megatron_eval(line: str, stream: MetricsStream) -> bool:
-    """An evaluation line: each ``<name> value`` and ``<name> PPL`` as ``val_<name>`` and
-    ``val_<name>_ppl`` (``test_`` on the test set), the lm loss as ``val_loss`` and ``val_ppl``, the
-    native trainer's names. The end-of-training evaluation of the last iteration follows that
-    iteration's periodic one, and its values win."""
+    """An evaluation line: each ``<name> value`` and ``<name> PPL`` as ``val_<name>_loss`` and
+    ``val_<name>_ppl`` (``test_`` on the test set, ``val_set<index>_`` for one of several
+    validation sets), the lm loss as ``val_loss`` and ``val_ppl``, the native trainer's names. The
+    end-of-training evaluation of the last iteration follows that iteration's periodic one, and
+    its values win."""
     match = _MEGATRON_EVAL.search(line)
     if not match:
         return False
-    prefix = "test" if match.group(2) == "test" else "val"
+    index, step, split = match.groups()
+    prefix = "test" if split == "test" else "val" if index is None else f"val_set{index}"
     metrics: dict[str, float] = {}
     try:
         for part in line[match.end():].split("|")[:-1]:  # as in _megatron: after the last "|" is torn
@@ -174,7 +192,7 @@ def _megatron_eval(line: str, stream: MetricsStream) -> bool:
         stream.skipped += 1
         return True
     if metrics:
-        stream.add(int(match.group(1)), metrics)
+        stream.add(int(step), {**metrics, **_launcher_labels(line[:match.start()])})
     return True
 
 

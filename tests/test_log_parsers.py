@@ -224,3 +224,28 @@ def test_megatron_validation_lines_of_every_form():
                                    "test_mtp_1_ppl": 13.46374}
     assert 3000 not in stream.points
 
+
+def test_several_validation_sets_each_keep_their_values():
+    """--multiple-validation-sets: " validation-<index> loss at ..." (``evaluate_and_print_results``
+    in NVIDIA/Megatron-LM megatron/training/training.py, core_v0.16.1)."""
+    stream = parse_log("\n".join(
+        f" validation-{i} loss at iteration 500 | lm loss value: {v:.6E} | lm loss PPL: 1.000000E+01 | "
+        for i, v in ((0, 3.1), (1, 2.9))))
+    assert stream.points[500] == {"step": 500, "val_set0_loss": 3.1, "val_set0_ppl": 10.0, "val_set1_loss": 2.9,
+                                  "val_set1_ppl": 10.0}
+
+
+@pytest.mark.parametrize("prefix, labels", [
+    ("1: ", {"srun_task": 1}),           # srun --label
+    ("12:  ", {"srun_task": 12}),        # srun --label among ten or more tasks
+    (" 3: ", {"srun_task": 3}),
+    ("[default7]:", {"local_rank": 7}),  # torchrun --tee 3
+    ("15: [default7]:", {"srun_task": 15, "local_rank": 7}),
+])
+def test_launcher_labels_before_a_megatron_line_name_the_rank_that_printed_it(prefix, labels):
+    line = prefix + MEGATRON
+    evaluation = prefix + " validation loss at iteration 10 | lm loss value: 2.500000E+00 | lm loss PPL: 1.218249E+01 |"
+    point = parse_log(line + "\n" + evaluation).points[10]
+    assert {k: point.get(k) for k in ("srun_task", "local_rank")} == {"srun_task": None, "local_rank": None, **labels}
+    assert point["loss"] == 9.876543 and point["val_loss"] == 2.5 and point["time"] == parse_log(MEGATRON).points[10]["time"]
+
