@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# The checks that need a GPU, in one command, for a lent machine whose image has a CUDA PyTorch
+# but no internet: Megatron-LM through the rendered launch, the native trainer's throughput,
+# MFU and checkpoint stall, float8 against bf16, and resume. Each check has a time limit of its
+# own, so that one that hangs leaves the others their time; outputs go to $OUT (default ./gpu-checks).
+#
+#   benchmarks/gpu_checks.sh WHEELS_DIR MEGATRON_LM_DIR [CHECK ...]
+#
+# WHEELS_DIR: Python wheels of the trainer's needs that the image lacks (docs/benchmarks.md,
+# "Train on one GPU", lists them); MEGATRON_LM_DIR: Megatron-LM at tag core_v0.16.1. CHECK:
+# any of megatron-lm, gpu, float8, resume (default: all four, in that order).
+set -u
+wheels=$(realpath "$1") megatron=$(realpath "$2")
+shift 2
+checks=("${@:-megatron-lm gpu float8 resume}")
+out=${OUT:-$PWD/gpu-checks}
+mkdir -p "$out"
+export PYTHONUNBUFFERED=1 TMPDIR=/dev/shm  # the 1.5B model's 18 GB checkpoints stay off a slow disk
+
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "$wheels"/*.whl || exit 1
+export PYTHONPATH=/tmp/site
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+python3 -c 'import sys, torch; print("torch", torch.__version__, "python", sys.version.split()[0])'
+
+# Megatron-LM where the runbooks' image has it. Its rank 0 runs `make` for the dataset helpers at
+# every start: megatron-core's wheel has them built, and naming the extension suffix on make's
+# command line (python3-config may be absent) makes that make a no-op.
+mkdir -p /workspace && ln -sfn "$megatron" /workspace/Megatron-LM
+cp /tmp/site/megatron/core/datasets/helpers_cpp*.so "$megatron"/megatron/core/datasets/
+export MAKEFLAGS="LIBEXT=$(python3 -c 'import sysconfig; print(sysconfig.get_config_var("EXT_SUFFIX"))')"
+
+run() {  # name, seconds, command...
+    local name=$1 limit=$2
+    shift 2
+    echo "== $name ($(date +%T), at most ${limit} s)"
+    timeout "$limit" "$@" >"$out/$name.txt" 2>&1
+    echo "exit $?"
+    grep -v -i "warn" "$out/$name.txt" | tail -n 8
+}
+for check in ${checks[*]}; do
+    case $check in
+        megatron-lm) run megatron-lm 240 python3 benchmarks/megatron_lm_gpu.py --keep-log "$out/megatron-lm-node-0.log" ;;
+        gpu) run gpu 240 python3 benchmarks/train_benchmark.py gpu --steps 36 --checkpoint-interval 12 ;;
+        float8) run float8 200 python3 benchmarks/train_benchmark.py float8 --steps 60 --global-batch 8 ;;
+        resume) run resume 180 python3 benchmarks/train_benchmark.py resume ;;
+        *) echo "unknown check $check: choose megatron-lm, gpu, float8 or resume"; exit 2 ;;
+    esac
+done
