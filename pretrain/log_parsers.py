@@ -51,9 +51,11 @@ _MEGATRON_ITER = re.compile(r"iteration\s+(\d+)/\s*(\d+)\s*\|")
 _MEGATRON_TIME = re.compile(r"\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)?)\]\s*$")
 # ``evaluate_and_print_results``: "validation loss at iteration 20 | lm loss value: 6.75E+00 |
 # lm loss PPL: 8.57E+02 |" during training; at its end the same with " on validation set" or
-# " on test set" after the iteration.
-# With --multiple-validation-sets each set's line says "validation-<index> loss at".
-_MEGATRON_EVAL = re.compile(r"validation(?:-(\d+))? loss at iteration\s+(\d+)(?: on (validation|test) set)?\s*\|")
+# " on test set" after the iteration (Megatron-DeepSpeed: " on 320-sample draw from test set";
+# Megatron-LM before 2023: "at the end of training for val data", with no iteration). With
+# --multiple-validation-sets each set's line says "validation-<index> loss at".
+_MEGATRON_EVAL = re.compile(r"validation(?:-(\d+))? loss at (?:iteration\s+(\d+)(?: on (?:\d+-sample draw from )?"
+                            r"(validation|test) set)?|the end of training for (val|test) data)\s*\|")
 # What launchers put before a rank's line: srun --label's task id ("1: ", right-aligned, so
 # " 1: " among ten or more tasks) and torchrun --tee's "[default7]:" (role and local rank).
 _SRUN_LABEL = re.compile(r"^\s*(\d+):\s")
@@ -177,7 +179,12 @@ def _megatron_eval(line: str, stream: MetricsStream) -> bool:
     match = _MEGATRON_EVAL.search(line)
     if not match:
         return False
-    index, step, split = match.groups()
+    index, step, split, end_split = match.groups()
+    if step is None:  # the end of training: the last iteration logged
+        if not stream.points:
+            stream.skipped += 1
+            return True
+        step, split = max(stream.points), end_split
     prefix = "test" if split == "test" else "val" if index is None else f"val_set{index}"
     metrics: dict[str, float] = {}
     try:

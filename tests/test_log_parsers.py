@@ -3,6 +3,7 @@ malformed lines are skipped and counted."""
 
 from __future__ import annotations
 
+import math
 from datetime import datetime
 from pathlib import Path
 
@@ -249,3 +250,46 @@ def test_launcher_labels_before_a_megatron_line_name_the_rank_that_printed_it(pr
     assert {k: point.get(k) for k in ("srun_task", "local_rank")} == {"srun_task": None, "local_rank": None, **labels}
     assert point["loss"] == 9.876543 and point["val_loss"] == 2.5 and point["time"] == parse_log(MEGATRON).points[10]["time"]
 
+
+
+def public_megatron_logs() -> dict[str, list[str]]:
+    """tests/assets/logs/megatron-lm-public-lines.txt by source file, each file's lines in order."""
+    files: dict[str, list[str]] = {}
+    source = None
+    for line in (Path(__file__).parent / "assets/logs/megatron-lm-public-lines.txt").read_text().split("\n"):
+        if line.startswith("# http"):
+            source = line[2:].split("#")[0]
+        elif source and line.strip() and not line.startswith("#"):
+            files.setdefault(source, []).append(line)
+    return files
+
+
+def test_every_line_of_public_megatron_logs_adds_its_values():
+    """Real iteration and validation lines from published logs and issues (Megatron-LM from 2021
+    to 2025, its MoE and MTP fields, Megatron-DeepSpeed, the AWS Neuron fork), each file's lines
+    parsed in order: none is skipped, and every line adds or changes values."""
+    files = public_megatron_logs()
+    assert sum(map(len, files.values())) >= 20
+    for source, lines in files.items():
+        for i, line in enumerate(lines):
+            before, after = parse_log("\n".join(lines[:i])), parse_log("\n".join(lines[: i + 1]))
+            assert after.skipped == 0 and after.points != before.points, (source, line)
+
+
+def test_public_megatron_lines_keep_every_field_under_its_name():
+    points = {"/".join(source.split("/")[-2:]): parse_log("\n".join(lines)).points
+              for source, lines in public_megatron_logs().items()}
+    assert points["gpt3/README.md"][25]["srun_task"] == 1  # "1:  iteration 25/73242187 ..." (srun --label)
+    assert "loss" not in points["gpt3/README.md"][1] and points["gpt3/README.md"][1]["skipped_iterations"] == 1
+    assert points["jobs/gpt3-launch-job.md"][64]["throughput"] == 140.022  # the Neuron fork's trailing field
+    assert points["issues/756"][71]["load_balancing_loss"] == 1.013377 and points["issues/756"][71]["num_zeros"] == 0.0
+    ling = points["docs/gpu_based_training.md"][1]
+    assert (ling["z_loss"], ling["mtp_1_loss"], ling["tflops_per_device"]) == (10.91659, 2.828435, 18.0)
+    deepspeed = points["microsoft/llama-note.md"][1]
+    assert {k: deepspeed[k] for k in ("consumed_tokens", "actual_seqlen", "samples_per_second", "tflops")} == {
+        "consumed_tokens": 65536, "actual_seqlen": 2048, "samples_per_second": 7.582, "tflops": 16.98}
+    assert points["microsoft/llama-note.md"][2500]["test_loss"] == 14.95915  # "... on 320-sample draw from test set"
+    old = points["gpt2/model_train.md"]  # iterations to 1000, validation at 1000 and 2000, then the end of training
+    assert old[1000]["lr"] == 4.608e-05 and old[2000]["val_loss"] == 8.165035 and old[2000]["test_loss"] == 8.428315
+    assert math.isnan(points["issues/396"][5426]["grad_norm"])
+    assert points["moe_exp/README.md"][20]["param_norm"] == 1104.931  # the MoE run's line, after the dense one
