@@ -2,6 +2,8 @@
 
 - NxDT: Lightning's TQDM progress bar, whose updates are separated by carriage returns
   (``reduced_train_loss=13.40, lr=7.5e-9, global_step=1.000, ...``), global_step counting from 0.
+- torchtitan: its step line (``[titan] <time> - root - INFO - step: 200  loss: 6.1384 ...``),
+  with or without ANSI colours and torchrun's ``[rank0]:`` prefix.
 - NxD Llama examples: ``step 1 step_time 244.76s throughput 3.93 seq/s loss 13.41 grad norm 1.97``.
 - Megatron-LM: ``training_log``'s iteration line, with or without its timestamp prefix (kept as
   ``time``, epoch seconds, the native stream's name for it), and ``evaluate_and_print_results``'s
@@ -60,6 +62,17 @@ _MEGATRON_EVAL = re.compile(r"validation(?:-(\d+))? loss at (?:iteration\s+(\d+)
 # " 1: " among ten or more tasks) and torchrun --tee's "[default7]:" (role and local rank).
 _SRUN_LABEL = re.compile(r"^\s*(\d+):\s")
 _TORCHRUN_TEE = re.compile(r"\[[A-Za-z_]\w*?(\d+)\]:")
+# torchtitan's step line (``log`` in pytorch/torchtitan torchtitan/components/metrics.py), coloured
+# with ANSI codes: "[titan] 2025-06-16 22:30:50,322 - root - INFO - step: 200  loss:  6.1384
+# grad_norm: 0.83  memory: 49.66GiB(52.28%)  tps: 5,856  tflops: 339.16  mfu: 34.29%"; grad_norm
+# since 2025. tps and tflops are per device.
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+_TITAN_STEP = re.compile(r"(?<!validate )\bstep:\s*(\d+)\s+loss:")
+_TITAN_TIME = re.compile(r"\[titan\] (\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3})")
+_TITAN_RANK = re.compile(r"^\[rank(\d+)\]:")
+_TITAN_FIELD = re.compile(r"(\w+):\s*([-\d,.]+|nan|inf)(GiB\(([\d.]+)%\)|%)?(?=\s|$)")
+TITAN_KEYS = {"loss": "loss", "grad_norm": "grad_norm", "memory": "memory_gib", "tps": "tokens_per_s_per_device",
+              "tflops": "tflops_per_device", "mfu": "mfu_pct"}
 _NXD_LINE = re.compile(r"\bstep (\d+) step_time ([\d.]+)s throughput ([\d.]+) seq/s loss ([\d.eE+-]+)"
                        r"(?: grad norm ([\d.eE+-]+))?")
 
@@ -203,6 +216,30 @@ def _megatron_eval(line: str, stream: MetricsStream) -> bool:
     return True
 
 
+def _torchtitan(line: str, stream: MetricsStream) -> bool:
+    """A torchtitan step line; its validation line ("validate step:") is not read: no published
+    one could be traced to its source."""
+    line = _ANSI.sub("", line)
+    match = _TITAN_STEP.search(line)
+    if not match:
+        return False
+    metrics: dict[str, float] = {}
+    if stamp := _TITAN_TIME.search(line):
+        metrics["time"] = datetime.fromisoformat(f"{stamp.group(1)}.{stamp.group(2)}").timestamp()
+    if rank := _TITAN_RANK.match(line):
+        metrics["rank"] = int(rank.group(1))
+    for name, value, unit, memory_pct in _TITAN_FIELD.findall(line[match.end() - len("loss:"):]):
+        if name in TITAN_KEYS:
+            metrics[TITAN_KEYS[name]] = float(value.replace(",", ""))
+            if memory_pct:
+                metrics["memory_pct"] = float(memory_pct)
+    if "loss" not in metrics:
+        stream.skipped += 1
+        return True
+    stream.add(int(match.group(1)), metrics)
+    return True
+
+
 def _nxd_llama(line: str, stream: MetricsStream) -> bool:
     match = _NXD_LINE.search(line)
     if not match:
@@ -238,5 +275,5 @@ def parse_log(text: str, stream: MetricsStream | None = None) -> MetricsStream:
     for line in re.split(r"[\r\n]+", text):
         if line.strip():
             (_native(line, stream) or _megatron(line, stream) or _megatron_eval(line, stream) or _nxdt(line, stream)
-             or _nxd_llama(line, stream))
+             or _torchtitan(line, stream) or _nxd_llama(line, stream))
     return stream

@@ -293,3 +293,23 @@ def test_public_megatron_lines_keep_every_field_under_its_name():
     assert old[1000]["lr"] == 4.608e-05 and old[2000]["val_loss"] == 8.165035 and old[2000]["test_loss"] == 8.428315
     assert math.isnan(points["issues/396"][5426]["grad_norm"])
     assert points["moe_exp/README.md"][20]["param_norm"] == 1104.931  # the MoE run's line, after the dense one
+
+
+def test_public_torchtitan_step_lines_parse_with_every_value():
+    """torchtitan's step lines from published logs and pull requests (tests/assets/logs/SOURCES.md):
+    with ANSI colours, torchrun's [rank0]: prefix, grad_norm or not. tps and tflops are per device."""
+    lines = [line for line in (Path(__file__).parent / "assets/logs/torchtitan-public-lines.txt").read_text().split("\n")
+             if line.strip() and not line.startswith("#")]
+    assert len(lines) == 10 and any("\x1b[" in line for line in lines)
+    for line in lines:
+        stream = parse_log(line)
+        (point,) = stream.points.values()
+        fields = {"loss", "memory_gib", "memory_pct", "tokens_per_s_per_device", "tflops_per_device", "mfu_pct"}
+        assert stream.skipped == 0 and fields <= point.keys() and ("grad_norm" in point) == ("grad_norm" in line), line
+    coloured = parse_log(lines[0]).points[700]
+    assert (coloured["loss"], coloured["tokens_per_s_per_device"], coloured["memory_pct"]) == (0.7052, 1541366, 96.97)
+    assert coloured["time"] == datetime(2025, 6, 10, 21, 58, 27, 8000).timestamp()
+    ranked = parse_log(lines[3]).points[200]
+    assert (ranked["rank"], ranked["tflops_per_device"], ranked["mfu_pct"]) == (0, 339.16, 34.29)
+    # its validation line is not read as a step (no published one could be traced to its source)
+    assert not parse_log(lines[0].replace("step: 700", "validate step: 700")).points
