@@ -8,7 +8,12 @@ torch-neuronx wheel; cache entry states as huggingface/optimum-neuron
 Per node, in order of trust: the results JSON (``NEURON_PARALLEL_COMPILE_DUMP_RESULTS``, also
 logged as one multi-line record), else the ``Total ...`` summary lines in their old
 ``||PARALLEL_COMPILE||`` and new ``||NEURON_PARALLEL_COMPILE||`` forms, else the "No todo hlos"
-line that means everything was already in the cache.
+line that means everything was already in the cache, else the last cache progress line
+("Current remaining items are 0, locked are 2, failed are 0, done are 32, total is 34") of a
+run that ended before its summary. Lines may carry an outer ``INFO: `` (the tool's output
+relayed by a logger) or mpirun's ``[1,0]<stdout>:``; the JSON's statuses are ``true``/``false``
+(2024 on) or ``"SUCCESS"``/``"FAILED"`` (2023). Checked on published output
+(``tests/assets/logs/neuron-parallel-compile-public.txt``).
 """
 
 from __future__ import annotations
@@ -17,6 +22,10 @@ import json
 import re
 from dataclasses import dataclass, field
 
+_OUTER_PREFIX = re.compile(r"^(?:INFO: |\[\d+,\d+\]<std(?:out|err)>:)", re.M)
+_PROGRESS = re.compile(r"Current remaining items are (\d+), locked are (\d+), failed are (\d+), done are (\d+), "
+                       r"total is (\d+)")
+_SUCCEEDED = (True, "true", "SUCCESS")
 _TOTAL = re.compile(r"\|\|(?:NEURON_)?PARALLEL_COMPILE\|\|: Total (graphs|successful compilations|failed compilations): (\d+)")
 _NO_TODO = "No todo hlos found in cache or hlo_tasklist"
 _CACHED_NEFF = "Using a cached neff at"
@@ -28,7 +37,7 @@ class CompileSummary:
     total: int = 0
     succeeded: int = 0
     failed: int = 0
-    source: str = "none"  # results-json, summary-lines, all-cached, none
+    source: str = "none"  # results-json, summary-lines, all-cached, cache-progress, none
     failed_graphs: list[str] = field(default_factory=list)
 
     def as_row(self, node: str) -> dict:
@@ -38,9 +47,10 @@ class CompileSummary:
 
 def from_results(results: dict) -> CompileSummary:
     report = results.get("compilation_report", {})
-    failed = sorted(path for path, entry in report.items() if not entry.get("status"))
-    summary = results.get("compilation_summary", {})
-    ok, bad = int(summary.get("true", 0)), int(summary.get("false", 0))
+    failed = sorted(path for path, entry in report.items() if entry.get("status") not in _SUCCEEDED)
+    summary = results.get("compilation_summary", {})  # counts by status
+    ok = sum(int(n) for status, n in summary.items() if status in _SUCCEEDED)
+    bad = sum(int(n) for status, n in summary.items() if status not in _SUCCEEDED)
     return CompileSummary(ok + bad, ok, bad, "results-json", failed)
 
 
@@ -63,6 +73,7 @@ def _json_record(text: str) -> dict | None:
 
 def parse_npc_log(text: str) -> CompileSummary:
     """One node's neuron_parallel_compile output."""
+    text = _OUTER_PREFIX.sub("", text)
     if (results := _json_record(text)) is not None:
         return from_results(results)
     totals = {kind: int(n) for kind, n in _TOTAL.findall(text)}
@@ -71,6 +82,9 @@ def parse_npc_log(text: str) -> CompileSummary:
                               totals.get("failed compilations", 0), "summary-lines")
     if _NO_TODO in text:
         return CompileSummary(source="all-cached")
+    if progress := _PROGRESS.findall(text):
+        _, _, bad, done, total = map(int, progress[-1])
+        return CompileSummary(total, done, bad, "cache-progress")
     return CompileSummary()
 
 

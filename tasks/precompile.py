@@ -106,7 +106,17 @@ def failure_message(rows: list[dict]) -> str | None:
     if silent:
         problems.append(f"no neuron_parallel_compile results from {', '.join(silent)}: the trial run failed or "
                         f"never started there (see {NPC_LOG} in each node's directory)")
+    cut = [r for r in rows if r["source"] != "none" and _unfinished(r)]
+    if cut:
+        problems.append("neuron_parallel_compile stopped before it finished on " + ", ".join(
+            f"{r['node']} ({r['succeeded']} of {r['total']} graphs compiled)" for r in cut))
     return "; ".join(problems) or None
+
+
+def _unfinished(row: dict) -> bool:
+    """No results from the node, or results short of its graphs: a run cut off before its
+    summary reports only its cache progress."""
+    return row["source"] == "none" or row["succeeded"] + row["failed"] < row["total"]
 
 
 @dataclass(frozen=True)
@@ -127,7 +137,7 @@ def retry_plan(run_count: int, previous: dict | None) -> RetryPlan:
 
 def attempt_record(rows: list[dict]) -> dict:
     return {"nodes": [r["node"] for r in rows], "failed_nodes": {r["node"]: r["failed"] for r in rows if r["failed"]},
-            "unreported_nodes": [r["node"] for r in rows if r["source"] == "none"]}
+            "unreported_nodes": [r["node"] for r in rows if _unfinished(r)]}
 
 
 # ---------------------------------------------------------------- the task

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -52,3 +53,38 @@ def test_graphs_compiled_during_training():
     assert training_compiles(log) == {"compiled": 1, "from_cache": 3}
 
 
+
+
+def public_logs() -> list[tuple[str, str]]:
+    """tests/assets/logs/neuron-parallel-compile-public.txt: (source, log) in the file's order."""
+    blocks: list[tuple[str, list[str]]] = []
+    for line in (Path(__file__).parent / "assets/logs/neuron-parallel-compile-public.txt").read_text().split("\n"):
+        if line.startswith("# http"):
+            blocks.append((line[2:], []))
+        elif blocks and not line.startswith("#"):
+            blocks[-1][1].append(line)
+    return [(source, "\n".join(lines)) for source, lines in blocks]
+
+
+def test_published_neuron_parallel_compile_output_of_every_form():
+    """19 published logs (AWS documentation, samples, issues; 2023-2025): the results JSON with an
+    outer "INFO: " on every line, with compile_time, with 2023's "SUCCESS" statuses, and empty;
+    summary lines with and without the pid column, in both logger names; a run that ended before
+    its summary (its cache progress, progress dots glued to the lines); the training-side lines."""
+    logs = public_logs()
+    assert len(logs) == 19
+    summaries = [(s.total, s.succeeded, s.failed, s.source) for s in (parse_npc_log(log) for _, log in logs)]
+    assert summaries[1:12] == [
+        (5, 5, 0, "cache-progress"),  # the reference's progress lines alone
+        (2, 2, 0, "results-json"),    # every line under an outer "INFO: "
+        (36, 36, 0, "summary-lines"), (32, 32, 0, "summary-lines"),  # pid column, and without it
+        (22, 22, 0, "summary-lines"), (26, 26, 0, "summary-lines"),  # ||PARALLEL_COMPILE|| (2023-2024)
+        (2, 2, 0, "results-json"),    # with compile_time, start_time, compilation_time
+        (55, 51, 0, "cache-progress"), (55, 51, 0, "cache-progress"),  # cut before the summary
+        (4, 4, 0, "results-json"),    # "SUCCESS": 4, as 2023's tool wrote it
+        (0, 0, 0, "results-json"),    # everything cached: empty JSON, Total graphs: 0
+    ]
+    assert summaries[0] == summaries[12] == (0, 0, 0, "none")  # graph extraction; a training-side line
+    compiles = [training_compiles(log) for _, log in logs[12:]]
+    assert [c["from_cache"] for c in compiles] == [1, 0, 1, 0, 0, 0, 1]
+    assert [c["compiled"] for c in compiles] == [0, 1, 0, 0, 0, 2, 0]  # mpirun's [1,1]<stdout>: prefixes too

@@ -142,20 +142,24 @@ def test_rows_from_every_published_form_and_the_failure_decision(tmp_path):
     write_node(attempt, 6, "trn1-007", log="INFO ||NEURON_PARALLEL_COMPILE||: There was an error in the training "
                                            "script.\n")
     write_node(attempt, 7, None)  # never started
-    rows = compile_rows(attempt, 8)
+    # killed mid-compile: only the cache's progress lines (form of the HyperPod Llama 3 70B README)
+    write_node(attempt, 8, "trn1-009", log="2025-01-17 01:16:07.000970:  42821  INFO ||NEURON_CACHE||: Current "
+                                           "remaining items are 3, locked are 2, failed are 0, done are 29, total is 34\n")
+    rows = compile_rows(attempt, 9)
     assert [(r["node"], r["total"], r["succeeded"], r["failed"], r["source"]) for r in rows] == [
         ("trn1-001", 3, 2, 1, "results-json"), ("trn1-002", 36, 36, 0, "summary-lines"),
         ("trn1-003", 22, 22, 0, "summary-lines"), ("trn1-004", 0, 0, 0, "all-cached"),
         ("trn1-005", 3, 2, 1, "results-json"), ("trn1-006", 36, 35, 1, "summary-lines"),
-        ("trn1-007", 0, 0, 0, "none"), ("node-7", 0, 0, 0, "none")]
+        ("trn1-007", 0, 0, 0, "none"), ("node-7", 0, 0, 0, "none"), ("trn1-009", 34, 29, 0, "cache-progress")]
 
     message = failure_message(rows)
     assert "trn1-001 (1 of 3), trn1-005 (1 of 3), trn1-006 (1 of 36)" in message
     assert "--retry_failed_compilation" in message
     assert "no neuron_parallel_compile results from trn1-007, node-7" in message
+    assert "neuron_parallel_compile stopped before it finished on trn1-009 (29 of 34 graphs compiled)" in message
     assert attempt_record(rows) == {"nodes": [r["node"] for r in rows],
                                     "failed_nodes": {"trn1-001": 1, "trn1-005": 1, "trn1-006": 1},
-                                    "unreported_nodes": ["trn1-007", "node-7"]}
+                                    "unreported_nodes": ["trn1-007", "node-7", "trn1-009"]}
     assert failure_message(rows[1:4]) is None
     assert retry_plan(1, attempt_record(rows[:3])).nodelist == ("trn1-001", "trn1-002", "trn1-003")
 
