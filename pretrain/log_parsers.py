@@ -1,7 +1,9 @@
 """Training logs of every backend as one metrics stream: ``{"step", "loss", "lr", ...}`` dicts.
 
 - NxDT: Lightning's TQDM progress bar, whose updates are separated by carriage returns
-  (``reduced_train_loss=13.40, lr=7.5e-9, global_step=1.000, ...``), global_step counting from 0.
+  (``reduced_train_loss=13.40, lr=7.5e-9, global_step=1.000, ...``), global_step counting from 0;
+  counts tqdm rounded (``global_step=3.1e+4``) kept as printed and flagged (``step_rounded``,
+  ``consumed_samples_rounded``). NeMo 2.0's printer (``iteration 0/999 | global_step: 19 | ...``).
 - torchtitan: its step line (``[titan] <time> - root - INFO - step: 200  loss: 6.1384 ...``),
   with or without ANSI colours and torchrun's ``[rank0]:`` prefix.
 - NxD Llama examples: ``step 1 step_time 244.76s throughput 3.93 seq/s loss 13.41 grad norm 1.97``.
@@ -114,23 +116,27 @@ def _nxdt(line: str, stream: MetricsStream) -> bool:
         return False
     pairs = dict(_NXDT_PAIR.findall(line.split("[", 1)[-1] if "[" in line else line))
     try:
-        # A rounded global_step stands for several steps (1e+5 is any of 99950-100500): its
-        # metrics would land on a step they do not belong to and overwrite that step's own. The
-        # bar's n/total is no exact substitute (the postfix keeps the last logged step's values
-        # while n advances), so the update is skipped and counted; TensorBoard keeps exact steps.
-        if _rounded(pairs["global_step"]):
-            raise ValueError(f"rounded global_step={pairs['global_step']}")
         # Lightning's global_step before its increment: 0 during the first step, whose
         # consumed_samples is already 1 x GBS (``log_metrics`` in aws-neuron/neuronx-distributed-training
         # src/neuronx_distributed_training/lightning_modules/model/base.py). Steps count from 1, as
         # Megatron-LM's iterations and the native trainer's do.
-        step = int(float(pairs["global_step"])) + 1
-        # A rounded consumed_samples is dropped rather than reported as exact; the step stays.
-        metrics = {name: _number(pairs[key]) for key, name in NXDT_KEYS.items()
-                   if key in pairs and not (key == "consumed_samples" and _rounded(pairs[key]))}
+        step = round(float(pairs["global_step"])) + 1
+        metrics = {name: _number(pairs[key]) for key, name in NXDT_KEYS.items() if key in pairs}
     except (KeyError, ValueError):
         stream.skipped += 1
         return True
+    # tqdm prints a count rounded to 3 significant digits when that is shorter (global_step=3.1e+4
+    # is any of 30950-31049; from step 99950 on every one is): such an update is kept at the
+    # printed value, and the record says so. The bar's n/total is no exact substitute: Lightning
+    # 1.x counts validation batches in it (ESM1nv's published log reads 200/200 at
+    # global_step=99.00), and the postfix lags n.
+    if _rounded(pairs["global_step"]):
+        if step in stream.points and "step_rounded" not in stream.points[step]:
+            stream.skipped += 1  # never over a step printed exactly
+            return True
+        metrics["step_rounded"] = 1.0
+    if "consumed_samples" in pairs and _rounded(pairs["consumed_samples"]):
+        metrics["consumed_samples_rounded"] = 1.0
     stream.add(step, metrics)
     return True
 
@@ -160,8 +166,10 @@ def _megatron(line: str, stream: MetricsStream) -> bool:
             metrics["time"] = datetime.fromisoformat(stamp.group(1)).timestamp()
         # Every field ends with " |" and starts with a space: text after the last "|" is a line
         # torn mid-value, and a part without the leading space is another rank's output that
-        # Slurm appended, not a field of this line.
-        for part in line[match.end():].split("|")[:-1]:
+        # Slurm appended, not a field of this line. NeMo 2.0's printer (below) ends its last
+        # field with the line instead.
+        parts = line[match.end():].split("|")
+        for part in parts if "| global_step: " in line else parts[:-1]:
             if not part[:1].isspace():
                 break
             label, sep, value = part.partition(":")
@@ -177,6 +185,18 @@ def _megatron(line: str, stream: MetricsStream) -> bool:
         stream.skipped += 1
         return True
     extra.pop("step", None)
+    if "global_step" in extra:
+        # NeMo 2.0's progress printer ("Training epoch 1, iteration 0/999 | lr: 3e-06 |
+        # global_step: 19 | reduced_train_loss: 11.03 | ..."): its iteration counts within the
+        # epoch; the step is Lightning's global_step as the training step logged it, before the
+        # increment, as in NxDT's bars.
+        step = int(extra.pop("global_step")) + 1
+        metrics.pop("train_iters")
+        for label, name in (("reduced_train_loss", "loss"), ("lr", "lr"), ("train_step_timing_in_s", "step_time_s")):
+            if label in extra:
+                metrics[name] = extra.pop(label)
+        stream.add(step, {**extra, **metrics})
+        return True
     # No loss is no error: Megatron-LM leaves a loss out when every iteration of the interval was
     # skipped (its average is 0), and the skip counters are then the news.
     stream.add(int(match.group(1)), {**extra, **metrics})

@@ -135,37 +135,48 @@ def _bar_number(n: float) -> str:
     return text if "e" in text else (text if "." in text else text + ".").ljust(5, "0")
 
 
-def test_nxdt_rounded_consumed_samples_is_dropped_not_reported():
+def test_nxdt_rounded_consumed_samples_is_kept_as_printed_and_says_so():
     # Step 100 at global batch 1024: 102400 samples, which tqdm prints as 1.02e+5.
     line = NXDT_OLD.replace("global_step=1.000", f"global_step={_bar_number(99.0)}").replace(
         "consumed_samples=2048.0", f"consumed_samples={_bar_number(102400.0)}")
     assert "consumed_samples=1.02e+5]" in line
     stream = parse_log(line)
-    assert stream.as_list() == [{"step": 100, "loss": 13.4, "lr": 7.5e-9, "param_norm": 5536.0}]
+    assert stream.as_list() == [{"step": 100, "loss": 13.4, "lr": 7.5e-9, "param_norm": 5536.0,
+                                 "consumed_samples": 102000.0, "consumed_samples_rounded": 1.0}]
     assert stream.skipped == 0
 
 
-def test_nxdt_rounded_global_step_is_skipped_and_counted_never_a_colliding_step():
-    # global_step 1000 and 1001 both print as 1e+3: neither may claim step 1001.
-    lines = [NXDT_NEW.replace("global_step=1.000", f"global_step={_bar_number(float(g))}") for g in (1000, 1001)]
-    assert lines[0] == lines[1] and "global_step=1e+3," in lines[0]
+def test_nxdt_rounded_global_step_lands_on_the_printed_step_and_says_so():
+    # global_step 1000 and 1001 both print as 1e+3: one approximate point, the later update's.
+    lines = [NXDT_NEW.replace("global_step=1.000", f"global_step={_bar_number(float(g))}").replace(
+        "reduced_train_loss=6.930", f"reduced_train_loss={loss}") for g, loss in ((1000, "6.930"), (1001, "6.920"))]
+    assert "global_step=1e+3," in lines[0] and "global_step=1e+3," in lines[1]
     stream = parse_log("\r".join(lines))
-    assert stream.as_list() == [] and stream.skipped == 2
+    assert [(p["step"], p["loss"], p["step_rounded"]) for p in stream.as_list()] == [(1001, 6.92, 1.0)]
+    # A step printed exactly is never overwritten by a rounded one that lands on it.
+    exact = parse_log(NXDT_NEW.replace("global_step=1.000", "global_step=1000.0"))  # as printed elsewhere
+    parse_log(lines[1], exact)
+    assert exact.points[1001]["loss"] == 6.93 and "step_rounded" not in exact.points[1001] and exact.skipped == 1
 
 
-def test_nxdt_steps_are_exact_or_skipped_for_every_global_step_tqdm_prints():
+def test_nxdt_every_global_step_tqdm_prints_lands_within_its_rounding():
+    """The loss curve of a long NxDT run goes on past step 10,000, where tqdm rounds most counts:
+    exact steps where tqdm printed them exactly, the others at the printed value, flagged."""
     # consumed_samples = step at global batch 1: each point must carry its own line's count.
     steps = range(0, 200_000, 11)
     bars = [NXDT_NEW.replace("global_step=1.000", f"global_step={_bar_number(float(g))}").replace(
         "consumed_samples=32.00", f"consumed_samples={_bar_number(float(g + 1))}") for g in steps]
     stream = parse_log("\r".join(bars))
     points = stream.as_list()
-    assert len(points) + stream.skipped == len(steps)  # no two lines landed on one step
-    assert {p["step"] for p in points} <= {g + 1 for g in steps}
-    assert all(p.get("consumed_samples", p["step"]) == p["step"] for p in points)
-    # Exact steps are kept; from global_step 99950 on tqdm rounds every one, so all are skipped.
-    assert points and points[-1]["step"] <= 99_950
-    assert stream.skipped >= sum(g >= 99_950 for g in steps)
+    assert stream.skipped == 0 and points[-1]["step"] >= 199_000
+    exact = [p for p in points if "step_rounded" not in p]
+    assert exact and all(p["consumed_samples"] == p["step"] for p in exact if "consumed_samples_rounded" not in p)
+    # a rounded point is within tqdm's rounding (3 significant digits) of a step that printed it
+    assert all(any(abs(p["step"] - (g + 1)) <= 0.005 * (g + 1) for g in steps) for p in points if "step_rounded" in p)
+    # from global_step 99950 on tqdm rounds every count: one flagged point per printed value
+    late = [p for p in points if p["step"] > 99_951]
+    assert all("step_rounded" in p for p in late) and len(late) == len({b.split("global_step=")[1].split(",")[0]
+                                                                          for b, g in zip(bars, steps) if g >= 99_950})
 
 
 def test_nxd_llama_and_native_json_lines():
@@ -313,3 +324,32 @@ def test_public_torchtitan_step_lines_parse_with_every_value():
     assert (ranked["rank"], ranked["tflops_per_device"], ranked["mfu_pct"]) == (0, 339.16, 34.29)
     # its validation line is not read as a step (no published one could be traced to its source)
     assert not parse_log(lines[0].replace("step: 700", "validate step: 700")).points
+
+
+def public_lightning_logs() -> list[tuple[str, str]]:
+    """tests/assets/logs/lightning-bars-public.txt: (source, log) in the file's order."""
+    blocks: list[tuple[str, list[str]]] = []
+    for line in (Path(__file__).parent / "assets/logs/lightning-bars-public.txt").read_text().split("\n"):
+        if line.startswith("# http"):
+            blocks.append((line[2:], []))
+        elif blocks and not line.startswith("#"):
+            blocks[-1][1].append(line)
+    return [(source, "\n".join(lines)) for source, lines in blocks]
+
+
+def test_published_lightning_bars_give_the_steps_they_report():
+    """18 published NxDT, NeMo and BioNeMo logs: the last step each reports, rounded ones flagged
+    (BioNeMo's global_step=3.1e+4, NeMo's 2e+3 with a validation bar or a NeMo record glued to
+    it), a Slurm log with srun's prefix and carriage returns, NeMo 2.0's printer."""
+    last = []
+    for source, log in public_lightning_logs():
+        stream = parse_log(log)
+        point = stream.points[max(stream.points)]
+        last.append((point["step"], point["loss"], "step_rounded" in point))
+    assert last == [
+        (3, 13.4, False), (4, 6.79, False), (190, 7.56, False), (424, 1.27, False), (4513, 2.45, False),
+        (31001, 2.52, True), (4945, 2.65, False), (2001, 2.6, True), (40, 10.9, False), (3, 1.0, False),
+        (2001, 0.139, True), (6024, 0.0252, False), (6, 11.0, False), (2, 5.07, False), (8, 5.07, False),
+        (100, 2.85, False), (2, 9.761, False), (20, 11.03, False)]
+    bionemo = parse_log(public_lightning_logs()[5][1]).points[31001]
+    assert (bionemo["consumed_samples"], bionemo["consumed_samples_rounded"], bionemo["val_loss"]) == (2.54e8, 1.0, 2.51)
