@@ -1,5 +1,6 @@
-"""One metrics stream from NxDT, NxD, Megatron-LM and native logs, on the runbooks' sample lines;
-malformed lines are skipped and counted."""
+"""One metrics stream from NxDT, NeMo, NxD, Megatron-LM, torchtitan and native logs, on the
+runbooks' sample lines and on published logs (tests/assets/logs/); malformed lines are skipped
+and counted."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import pytest
 from tqdm import tqdm
 
 from pretrain.log_parsers import parse_log
+from public_logs import blocks
 
 pytestmark = pytest.mark.pure  # no stack, no Prefect API: `make check` runs it
 
@@ -264,14 +266,10 @@ def test_launcher_labels_before_a_megatron_line_name_the_rank_that_printed_it(pr
 
 
 def public_megatron_logs() -> dict[str, list[str]]:
-    """tests/assets/logs/megatron-lm-public-lines.txt by source file, each file's lines in order."""
+    """The public Megatron-LM lines by source file, each file's lines in order."""
     files: dict[str, list[str]] = {}
-    source = None
-    for line in (Path(__file__).parent / "assets/logs/megatron-lm-public-lines.txt").read_text().split("\n"):
-        if line.startswith("# http"):
-            source = line[2:].split("#")[0]
-        elif source and line.strip() and not line.startswith("#"):
-            files.setdefault(source, []).append(line)
+    for source, lines in blocks("megatron-lm-public-lines.txt"):
+        files.setdefault(source.split("#")[0], []).extend(lines)
     return files
 
 
@@ -309,8 +307,7 @@ def test_public_megatron_lines_keep_every_field_under_its_name():
 def test_public_torchtitan_step_lines_parse_with_every_value():
     """torchtitan's step lines from published logs and pull requests (tests/assets/logs/SOURCES.md):
     with ANSI colours, torchrun's [rank0]: prefix, grad_norm or not. tps and tflops are per device."""
-    lines = [line for line in (Path(__file__).parent / "assets/logs/torchtitan-public-lines.txt").read_text().split("\n")
-             if line.strip() and not line.startswith("#")]
+    lines = [line for _, block in blocks("torchtitan-public-lines.txt") for line in block]
     assert len(lines) == 10 and any("\x1b[" in line for line in lines)
     for line in lines:
         stream = parse_log(line)
@@ -326,24 +323,13 @@ def test_public_torchtitan_step_lines_parse_with_every_value():
     assert not parse_log(lines[0].replace("step: 700", "validate step: 700")).points
 
 
-def public_lightning_logs() -> list[tuple[str, str]]:
-    """tests/assets/logs/lightning-bars-public.txt: (source, log) in the file's order."""
-    blocks: list[tuple[str, list[str]]] = []
-    for line in (Path(__file__).parent / "assets/logs/lightning-bars-public.txt").read_text().split("\n"):
-        if line.startswith("# http"):
-            blocks.append((line[2:], []))
-        elif blocks and not line.startswith("#"):
-            blocks[-1][1].append(line)
-    return [(source, "\n".join(lines)) for source, lines in blocks]
-
-
 def test_published_lightning_bars_give_the_steps_they_report():
     """18 published NxDT, NeMo and BioNeMo logs: the last step each reports, rounded ones flagged
     (BioNeMo's global_step=3.1e+4, NeMo's 2e+3 with a validation bar or a NeMo record glued to
     it), a Slurm log with srun's prefix and carriage returns, NeMo 2.0's printer."""
     last = []
-    for source, log in public_lightning_logs():
-        stream = parse_log(log)
+    for source, lines in blocks("lightning-bars-public.txt"):
+        stream = parse_log("\n".join(lines))
         point = stream.points[max(stream.points)]
         last.append((point["step"], point["loss"], "step_rounded" in point))
     assert last == [
@@ -351,5 +337,5 @@ def test_published_lightning_bars_give_the_steps_they_report():
         (31001, 2.52, True), (4945, 2.65, False), (2001, 2.6, True), (40, 10.9, False), (3, 1.0, False),
         (2001, 0.139, True), (6024, 0.0252, False), (6, 11.0, False), (2, 5.07, False), (8, 5.07, False),
         (100, 2.85, False), (2, 9.761, False), (20, 11.03, False)]
-    bionemo = parse_log(public_lightning_logs()[5][1]).points[31001]
+    bionemo = parse_log("\n".join(blocks("lightning-bars-public.txt")[5][1])).points[31001]
     assert (bionemo["consumed_samples"], bionemo["consumed_samples_rounded"], bionemo["val_loss"]) == (2.54e8, 1.0, 2.51)

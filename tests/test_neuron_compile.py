@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 
 from pretrain.neuron_compile import parse_npc_log, training_compiles
+from public_logs import blocks
 
 pytestmark = pytest.mark.pure  # no stack, no Prefect API: `make check` runs it
 
@@ -55,23 +55,12 @@ def test_graphs_compiled_during_training():
 
 
 
-def public_logs() -> list[tuple[str, str]]:
-    """tests/assets/logs/neuron-parallel-compile-public.txt: (source, log) in the file's order."""
-    blocks: list[tuple[str, list[str]]] = []
-    for line in (Path(__file__).parent / "assets/logs/neuron-parallel-compile-public.txt").read_text().split("\n"):
-        if line.startswith("# http"):
-            blocks.append((line[2:], []))
-        elif blocks and not line.startswith("#"):
-            blocks[-1][1].append(line)
-    return [(source, "\n".join(lines)) for source, lines in blocks]
-
-
 def test_published_neuron_parallel_compile_output_of_every_form():
     """19 published logs (AWS documentation, samples, issues; 2023-2025): the results JSON with an
     outer "INFO: " on every line, with compile_time, with 2023's "SUCCESS" statuses, and empty;
     summary lines with and without the pid column, in both logger names; a run that ended before
     its summary (its cache progress, progress dots glued to the lines); the training-side lines."""
-    logs = public_logs()
+    logs = [(source, "\n".join(lines)) for source, lines in blocks("neuron-parallel-compile-public.txt")]
     assert len(logs) == 19
     summaries = [(s.total, s.succeeded, s.failed, s.source) for s in (parse_npc_log(log) for _, log in logs)]
     assert summaries[1:12] == [
