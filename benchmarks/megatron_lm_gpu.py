@@ -111,14 +111,14 @@ def main() -> None:
 
     points = parse_log(log).points
     with_loss = sorted(step for step, point in points.items() if "loss" in point)
-    validations = re.findall(r"validation loss at iteration (\d+)", log)
-    step_ms = [points[s]["step_time_ms"] for s in with_loss[5:] if "step_time_ms" in points[s]]
+    validated = ", ".join(f"{step}: {p['val_loss']:.3f}" for step, p in sorted(points.items()) if "val_loss" in p)
     print(f"Megatron-LM {MEGATRON_LM_VERSION} exit {returncode}; iteration lines with a loss: {len(with_loss)} of "
-          f"{args.steps}; validation lines: {len(validations)} (iterations {', '.join(validations)})")
-    if with_loss:
+          f"{args.steps}; validation loss by iteration: {validated or 'none'}")
+    step_ms = [points[s]["step_time_ms"] for s in with_loss[5:] if "step_time_ms" in points[s]]
+    if step_ms:
         first, last = points[with_loss[0]]["loss"], points[with_loss[-1]]["loss"]
         print(f"lm loss {first:.3f} (iteration {with_loss[0]}) -> {last:.3f} (iteration {with_loss[-1]}); "
-              f"median {statistics.median(step_ms):.1f} ms an iteration after the first 5" if step_ms else "")
+              f"median {statistics.median(step_ms):.1f} ms an iteration after the first 5")
     if returncode != 0 or with_loss != list(range(1, args.steps + 1)):
         sys.exit(1)
 

@@ -72,7 +72,7 @@ _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 _TITAN_STEP = re.compile(r"(?<!validate )\bstep:\s*(\d+)\s+loss:")
 _TITAN_TIME = re.compile(r"\[titan\] (\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3})")
 _TITAN_RANK = re.compile(r"^\[rank(\d+)\]:")
-_TITAN_FIELD = re.compile(r"(\w+):\s*([-\d,.]+|nan|inf)(GiB\(([\d.]+)%\)|%)?(?=\s|$)")
+_TITAN_FIELD = re.compile(r"(\w+):\s*([-\d,.]+|nan|inf)(?:GiB\(([\d.]+)%\)|%)?(?=\s|$)")
 TITAN_KEYS = {"loss": "loss", "grad_norm": "grad_norm", "memory": "memory_gib", "tps": "tokens_per_s_per_device",
               "tflops": "tflops_per_device", "mfu": "mfu_pct"}
 _NXD_LINE = re.compile(r"\bstep (\d+) step_time ([\d.]+)s throughput ([\d.]+) seq/s loss ([\d.eE+-]+)"
@@ -239,6 +239,8 @@ def _megatron_eval(line: str, stream: MetricsStream) -> bool:
 def _torchtitan(line: str, stream: MetricsStream) -> bool:
     """A torchtitan step line; its validation line ("validate step:") is not read: no published
     one could be traced to its source."""
+    if "step:" not in line:  # most lines of a log reach this parser: spare them the substitution
+        return False
     line = _ANSI.sub("", line)
     match = _TITAN_STEP.search(line)
     if not match:
@@ -248,7 +250,7 @@ def _torchtitan(line: str, stream: MetricsStream) -> bool:
         metrics["time"] = datetime.fromisoformat(f"{stamp.group(1)}.{stamp.group(2)}").timestamp()
     if rank := _TITAN_RANK.match(line):
         metrics["rank"] = int(rank.group(1))
-    for name, value, unit, memory_pct in _TITAN_FIELD.findall(line[match.end() - len("loss:"):]):
+    for name, value, memory_pct in _TITAN_FIELD.findall(line[match.start():]):
         if name in TITAN_KEYS:
             metrics[TITAN_KEYS[name]] = float(value.replace(",", ""))
             if memory_pct:

@@ -106,17 +106,21 @@ def failure_message(rows: list[dict]) -> str | None:
     if silent:
         problems.append(f"no neuron_parallel_compile results from {', '.join(silent)}: the trial run failed or "
                         f"never started there (see {NPC_LOG} in each node's directory)")
-    cut = [r for r in rows if r["source"] != "none" and _unfinished(r)]
+    cut = [r for r in rows if _cut_short(r)]
     if cut:
         problems.append("neuron_parallel_compile stopped before it finished on " + ", ".join(
             f"{r['node']} ({r['succeeded']} of {r['total']} graphs compiled)" for r in cut))
     return "; ".join(problems) or None
 
 
+def _cut_short(row: dict) -> bool:
+    """Results short of the node's graphs: a run cut off before its summary reports only its
+    cache progress."""
+    return row["succeeded"] + row["failed"] < row["total"]
+
+
 def _unfinished(row: dict) -> bool:
-    """No results from the node, or results short of its graphs: a run cut off before its
-    summary reports only its cache progress."""
-    return row["source"] == "none" or row["succeeded"] + row["failed"] < row["total"]
+    return row["source"] == "none" or _cut_short(row)
 
 
 @dataclass(frozen=True)
