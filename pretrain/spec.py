@@ -7,6 +7,7 @@ queued, each with a message that names the field and the fix.
 
 from __future__ import annotations
 
+import copy
 import os
 from typing import Literal
 
@@ -210,9 +211,21 @@ class Restarts(Strict):
                                     "not advanced for this long.")
 
 
+# NxD Training's published examples differ by model family in what they recompute and fuse
+# (examples/conf/megatron_gpt_config.yaml and hf_llama3_70B_config.yaml in
+# aws-neuron/neuronx-distributed-training, docs/nxdt-upstream.md): a spec that leaves them unset
+# gets its family's.
+NXDT_FAMILY_DEFAULTS: dict[str, dict] = {
+    "gpt": {"activations_checkpoint_recompute": ["CoreAttention"],
+            "fusions": {"softmax": True, "flash_attention": False}},
+    "llama": {"activations_checkpoint_recompute": ["CoreAttention", "LlamaMLP"],
+              "fusions": {"softmax": True, "flash_attention": True}},
+}
+
+
 class NeuronSpec(Restarts):
-    """NxD Training settings; defaults are the values of NxDT's hf_llama3_70B_config.yaml
-    (aws-neuron/neuronx-distributed-training examples/conf/hf_llama3_70B_config.yaml)."""
+    """NxD Training settings; defaults are the values of NxDT's published examples
+    (aws-neuron/neuronx-distributed-training examples/conf/; docs/nxdt-upstream.md)."""
 
     instance_type: Literal["trn1", "trn2"] = Field(description="trn1.32xlarge or trn2.48xlarge.")
     lnc: int | None = Field(None, description="Logical NeuronCore size: trn2 defaults to 2, trn1 is 1.")
@@ -233,13 +246,18 @@ class NeuronSpec(Restarts):
     sequential_move_factor: int | None = Field(None, description="trn2 only (NxDT trainer.sequential_move_factor).")
     log_every_n_steps: int = 10
     lr_constant_steps: int = Field(0, description="NxDT CosineAnnealing constant_steps.")
-    activations_checkpoint_recompute: list[str] = Field(
-        default_factory=lambda: ["CoreAttention", "LlamaMLP"], description="Selective activation checkpointing.")
-    fusions: dict[str, bool] = Field(default_factory=lambda: {"softmax": True, "flash_attention": True},
-                                     description="model.fusions: softmax, flash_attention, ring_attention.")
-    precision_type: str = "mixed_precision"
+    activations_checkpoint_recompute: list[str] | None = Field(
+        None, description="Selective activation checkpointing: the modules recomputed. Unset: the model "
+        "family's published value ([CoreAttention] for gpt, [CoreAttention, LlamaMLP] for llama).")
+    fusions: dict[str, bool] | None = Field(
+        None, description="model.fusions: softmax, flash_attention, ring_attention. Unset: the model family's "
+        "published value (softmax only for gpt, softmax and flash_attention for llama).")
+    # the types examples/training_orchestrator.py's process_config accepts; any other raises there
+    precision_type: Literal["bf16SR", "fp32", "autocast", "mixed_precision", "mixed_precision_SR",
+                            "manual"] = "mixed_precision"
     parallel_layers_reduce_dtype: str | None = None
-    xla_downcast_bf16: str | None = None
+    xla_downcast_bf16: str = Field("0", description="precision.xla_downcast_bf16, which NxDT exports as "
+                                   "XLA_DOWNCAST_BF16 with precision_type manual.")
     save_xser: bool = True
     async_checkpointing: bool = False
     checkpoint_filename: str | None = Field(None, description="exp_manager checkpoint filename template.")
@@ -372,9 +390,8 @@ class PretrainSpec(Strict):
     def _runbook_traps(self) -> PretrainSpec:
         p, m, t = self.parallel, self.model, self.training
         self._check_heads()
-        if self.data.blend and self.backend.kind == "neuron" and m.family == "llama":
-            raise ValueError("data.blend: NxDT's Llama configs read one HF Arrow dataset (data.train_dir) and "
-                             "cannot blend; blend with backend.kind=native or megatron-lm, or a GPT config")
+        if self.backend.kind == "neuron":
+            self._check_nxdt()
         if self.backend.kind == "native":
             # FSDP2 over the data-parallel ranks and DTensor tp are the native trainer's parallelism;
             # the rest is NxDT's and Megatron-LM's, and a native run would silently ignore it.
@@ -401,10 +418,6 @@ class PretrainSpec(Strict):
             NxdtLayout.cut_indices(p.pipeline_cuts, m.num_layers)
         except LayoutError as exc:
             raise ValueError(f"parallel.pipeline_cuts: {exc}") from None
-        neuron = self.backend.neuron
-        if p.cp > 1 and neuron is not None and not neuron.fusions.get("ring_attention"):
-            raise ValueError(f"parallel.cp={p.cp} needs ring attention on NxD: set "
-                             "backend.neuron.fusions.ring_attention=true (and flash_attention=false)")
         if p.cp > 1 and m.seq_length % (2 * p.cp):
             raise ValueError(f"model.seq_length={m.seq_length} must be divisible by 2 x parallel.cp="
                              f"{2 * p.cp} (ring attention splits each sequence into 2 x cp chunks)")
@@ -414,6 +427,39 @@ class PretrainSpec(Strict):
                              "has no validation data (Megatron fails with an AssertionError): set "
                              "training.eval_iters=0 or give the split a validation weight")
         return self
+
+    def _check_nxdt(self) -> None:
+        """Fill the family's published defaults, then refuse what NxD Training's own code refuses
+        or never reads (aws-neuron/neuronx-distributed-training; docs/nxdt-upstream.md)."""
+        p, m, t, neuron = self.parallel, self.model, self.training, self.backend.neuron
+        for name, value in NXDT_FAMILY_DEFAULTS[m.family].items():
+            if getattr(neuron, name) is None:
+                setattr(neuron, name, copy.deepcopy(value))
+        if self.data.blend and m.family == "llama":
+            raise ValueError("data.blend: NxDT's Llama configs read one HF Arrow dataset (data.train_dir) and "
+                             "cannot blend; blend with backend.kind=native or megatron-lm, or a GPT config")
+        if m.family == "llama" and "flash_attention" not in neuron.fusions:
+            # HFLLamaModule reads model.fusions.flash_attention without a default
+            raise ValueError(f"backend.neuron.fusions={neuron.fusions}: NxDT's Llama model reads "
+                             "fusions.flash_attention; set it to true or false")
+        if m.family == "llama" and t.eval_iters > 0:
+            # HFDataModule.val_dataloader opens data.val_dir, which no stage writes
+            raise ValueError(f"training.eval_iters={t.eval_iters}: NxDT's Llama configs validate on a separate "
+                             "HF Arrow dataset that the tokenize stage does not write; set training.eval_iters=0")
+        if m.family == "gpt" and p.cp > 1:
+            # ring attention is in NxDT's Llama model only (lightning_modules/model/hf_models/llama_model.py)
+            raise ValueError(f"parallel.cp={p.cp}: NxDT's Megatron GPT model has no context parallelism; "
+                             "set parallel.cp=1")
+        if m.family == "gpt" and not p.zero1:
+            # MegatronBaseModel._validate_and_override_config raises on it
+            raise ValueError("parallel.zero1=false: NxDT's Megatron GPT model refuses to train without ZeRO-1; "
+                             "set parallel.zero1=true")
+        if t.lr_decay_style != "cosine":
+            raise ValueError(f"training.lr_decay_style={t.lr_decay_style}: NxDT's published configs schedule "
+                             "with CosineAnnealing, the one rendered for backend.kind=neuron; use cosine")
+        if p.cp > 1 and not neuron.fusions.get("ring_attention"):
+            raise ValueError(f"parallel.cp={p.cp} needs ring attention on NxD: set "
+                             "backend.neuron.fusions.ring_attention=true (and flash_attention=false)")
 
     def _check_heads(self) -> None:
         """The head rules of trainer/model_shape.py, as the backend's trainer or converter asks them."""

@@ -3,82 +3,116 @@ reads, the environment that ``train.sh``/``train_setup.sh`` set, and the per-nod
 (``examples/train.sh``, ``examples/train_setup.sh``, ``examples/training_orchestrator.py`` and
 ``examples/conf/`` in aws-neuron/neuronx-distributed-training; docs/render.md).
 
-The YAML holds every value the runbooks publish, taken from the one spec that also renders the
-conversion flags, so the two cannot disagree.
+The conf is the published example of the model family with the spec's values in it:
+``megatron_gpt_config.yaml`` for GPT, ``hf_llama3_70B_config.yaml`` (with the trn2 keys of
+``hf_llama3_70B_trn2_config.yaml``) for Llama, at the commit docs/nxdt-upstream.md names. Every
+key those set is rendered, with their value wherever the spec has no field for it; the keys in
+which a preset's conf differs from its example, and why, are listed there. The same spec
+renders the conversion flags, so the two cannot disagree.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+import yaml
+
 from pretrain.spec import PretrainSpec
 from render.dataset_files import blend, gpt2_bpe_files
 
 MASTER_PORT = 41000  # train_setup.sh's fixed rendezvous port
+# exp_manager's model_parallel_size as the examples write it; NeMo registers the resolver
+# (OmegaConf "multiply" in NVIDIA/NeMo nemo/core/classes/modelPT.py), and the value follows a
+# command line that overrides tp or pp
+MODEL_PARALLEL_SIZE = ("${multiply:${distributed_strategy.tensor_model_parallel_size}, "
+                       "${distributed_strategy.pipeline_model_parallel_size}}")
 
 
-def _common(spec: PretrainSpec, init_checkpoint: str | None) -> dict[str, Any]:
-    n, t, p = spec.backend.neuron, spec.training, spec.parallel
-    trainer: dict[str, Any] = {
-        "devices": spec.cluster.devices_per_node, "num_nodes": spec.cluster.nodes, "max_epochs": -1,
-        "max_steps": t.train_steps, "log_every_n_steps": n.log_every_n_steps,
-        "val_check_interval": t.eval_interval, "check_val_every_n_epoch": None,
-        # Lightning reads an int as a number of batches and a float as a fraction of the set:
-        # eval_iters batches, or 0.0 (none, as the 70B yamls publish it).
-        "num_sanity_val_steps": 0, "limit_val_batches": t.eval_iters or 0.0,
-        "limit_test_batches": t.eval_iters or 0.0, "gradient_clip_val": t.grad_clip,
-    }
+def _trainer(spec: PretrainSpec) -> dict[str, Any]:
+    n, t = spec.backend.neuron, spec.training
+    trainer: dict[str, Any] = {"devices": spec.cluster.devices_per_node}
     if n.instance_type == "trn2":
         trainer["lnc"] = n.lnc
-        if n.sequential_move_factor:
-            trainer["sequential_move_factor"] = n.sequential_move_factor
-    strategy: dict[str, Any] = {
-        "tensor_model_parallel_size": p.tp, "pipeline_model_parallel_size": p.pp,
-        "virtual_pipeline_model_parallel_size": 1, "zero1": p.zero1, "sequence_parallel": p.sequence_parallel,
-        "kv_replicator": p.kv_replicator,
-    }
-    if spec.model.family == "llama":  # the hf_llama3 yamls carry it (1 on trn1), the GPT yaml does not
-        strategy["context_parallel_size"] = p.cp
-    exp_manager = {
+    trainer.update({
+        "num_nodes": spec.cluster.nodes, "max_epochs": -1, "max_steps": t.train_steps,
+        "log_every_n_steps": n.log_every_n_steps, "val_check_interval": t.eval_interval,
+        "check_val_every_n_epoch": None, "num_sanity_val_steps": 0,
+        # Lightning reads an int as a number of batches and a float as a fraction of the set:
+        # eval_iters batches, or 0.0 (none, as the 70B yamls publish it).
+        "limit_val_batches": t.eval_iters or 0.0, "limit_test_batches": t.eval_iters or 0.0,
+        "gradient_clip_val": t.grad_clip})
+    if n.instance_type == "trn2" and n.sequential_move_factor:
+        trainer["sequential_move_factor"] = n.sequential_move_factor
+    return trainer
+
+
+def _exp_manager(spec: PretrainSpec, init_checkpoint: str | None) -> dict[str, Any]:
+    n, t = spec.backend.neuron, spec.training
+    return {
         "log_local_rank_0_only": True, "create_tensorboard_logger": True, "explicit_log_dir": None,
         "exp_dir": None, "name": _name(spec), "resume_if_exists": True, "resume_ignore_no_checkpoint": True,
         "create_checkpoint_callback": True,
         "checkpoint_callback_params": {
             "monitor": "step", "save_top_k": 1, "mode": "max", "save_last": False,
             "filename": n.checkpoint_filename or f"{spec.name}--{{step}}-{{consumed_samples}}",
-            "every_n_train_steps": t.checkpoint_interval, "use_master_weights_in_ckpt": False},
+            "model_parallel_size": MODEL_PARALLEL_SIZE, "every_n_train_steps": t.checkpoint_interval,
+            "use_master_weights_in_ckpt": False},
         "log_parameter_norm": True, "log_gradient_norm": True, "enable_recovery_time_instrumentation": False,
         "save_xser": n.save_xser, "load_xser": n.save_xser, "save_bf16": False,
         "async_checkpointing": n.async_checkpointing,
         # Continual pre-training: the converted weights (the trailing slash makes the tag "").
         "resume_from_checkpoint": f"{init_checkpoint.rstrip('/')}/" if init_checkpoint else None,
     }
-    precision: dict[str, Any] = {"type": n.precision_type}
+
+
+def _strategy(spec: PretrainSpec) -> dict[str, Any]:
+    p = spec.parallel
+    strategy: dict[str, Any] = {"tensor_model_parallel_size": p.tp, "pipeline_model_parallel_size": p.pp,
+                                "virtual_pipeline_model_parallel_size": 1}
+    if spec.model.family == "llama":
+        # the Llama examples' keys: ring attention's cp and the KV heads' replication, which only
+        # the Llama model uses (the GPT example sets neither; the spec keeps GPT's cp at 1)
+        strategy["context_parallel_size"] = p.cp
+    strategy.update({"zero1": p.zero1, "sequence_parallel": p.sequence_parallel})
+    if spec.model.family == "llama":
+        strategy["kv_replicator"] = p.kv_replicator
+    return strategy
+
+
+def _precision(spec: PretrainSpec) -> dict[str, Any]:
+    n = spec.backend.neuron
+    # the examples' block; NxDT reads the flags after type only when type is manual
+    precision: dict[str, Any] = {"type": n.precision_type, "master_weights": False, "fp32_grad_acc": False,
+                                 "xla_use_bf16": "0", "xla_downcast_bf16": n.xla_downcast_bf16,
+                                 "neuron_rt_stochastic_rounding_en": "0"}
     if n.parallel_layers_reduce_dtype:
         precision["parallel_layers_reduce_dtype"] = n.parallel_layers_reduce_dtype
-    if n.xla_downcast_bf16 is not None:
-        precision["xla_downcast_bf16"] = n.xla_downcast_bf16
-    return {"name": _name(spec), "model_source": "hf" if spec.model.family == "llama" else "megatron",
-            "seed": t.seed, "trainer": trainer, "exp_manager": exp_manager, "distributed_strategy": strategy,
-            "precision": precision, "compiler_flags": n.compiler_flags, "compiler_cache_url": n.compiler_cache_url,
-            # sic: NxDT spells the key this way
-            "aync_exec_max_inflight_requests": n.async_exec_max_inflight_requests,
-            "bucket_size_collectives": n.bucket_size_collectives,
-            "neuron_rt_exec_timeout": n.neuron_rt_exec_timeout,
-            "neuron_experimental_compress_rg": n.neuron_experimental_compress_rg}
+    return precision
 
 
 def _name(spec: PretrainSpec) -> str:
     return "hf_llama" if spec.model.family == "llama" else "megatron_gpt"
 
 
-def _optim(spec: PretrainSpec, name: str) -> dict[str, Any]:
-    t = spec.training
-    return {"name": name, "lr": t.lr, "weight_decay": t.weight_decay, "capturable": False,
-            "betas": list(t.adam_betas),
-            "sched": {"name": "CosineAnnealing" if t.lr_decay_style == "cosine" else "LinearAnnealing",
-                      "warmup_steps": t.warmup_steps, "max_steps": t.train_steps, "min_lr": t.min_lr,
-                      "constant_steps": spec.backend.neuron.lr_constant_steps}}
+def _optim(spec: PretrainSpec) -> dict[str, Any]:
+    """The examples' optimizer: AdamW with fp32 optimizer state and capturable for GPT, plain
+    AdamW for Llama, whose schedule also names max_steps (NxDT sets it from the trainer anyway)."""
+    t, gpt = spec.training, spec.model.family == "gpt"
+    sched: dict[str, Any] = {"name": "CosineAnnealing", "warmup_steps": t.warmup_steps}
+    if gpt:
+        sched.update({"constant_steps": spec.backend.neuron.lr_constant_steps, "min_lr": t.min_lr})
+    else:
+        sched.update({"max_steps": "${trainer.max_steps}", "min_lr": t.min_lr,
+                      "constant_steps": spec.backend.neuron.lr_constant_steps})
+    return {"name": "adamw_fp32OptState" if gpt else "adamw", "lr": t.lr, "weight_decay": t.weight_decay,
+            "capturable": gpt, "betas": list(t.adam_betas), "sched": sched}
+
+
+def _checkpointing_and_fusions(spec: PretrainSpec) -> dict[str, Any]:
+    n = spec.backend.neuron
+    return {"activations_checkpoint_granularity": "selective",
+            "activations_checkpoint_recompute": list(n.activations_checkpoint_recompute),
+            "fusions": dict(n.fusions)}
 
 
 def _llama(spec: PretrainSpec, data_dir: str, init_checkpoint: str | None) -> dict[str, Any]:
@@ -86,17 +120,17 @@ def _llama(spec: PretrainSpec, data_dir: str, init_checkpoint: str | None) -> di
     model: dict[str, Any] = {
         "model_config": n.hf_config, "encoder_seq_length": m.seq_length,
         "max_position_embeddings": m.max_position_embeddings, "num_layers": m.num_layers,
-        "hidden_size": m.hidden_size, "qkv_linear": True, "fuse_qkv": m.fuse_qkv, "rope_theta": m.rope_theta,
-        "persistent_workers": False, "transformer_engine": False,
-        "use_cpu_initialization": init_checkpoint is None, "weight_init_only": init_checkpoint is not None,
-        "activations_checkpoint_granularity": "selective",
-        "activations_checkpoint_recompute": list(n.activations_checkpoint_recompute),
-        "fusions": dict(n.fusions), "do_layer_norm_weight_decay": True, "optim": _optim(spec, "adamw")}
+        "hidden_size": m.hidden_size, "qkv_linear": True, "fuse_qkv": m.fuse_qkv, "rope_theta": m.rope_theta}
     if spec.parallel.pipeline_cuts:
         model["pipeline_cuts"] = list(spec.parallel.pipeline_cuts)
-    data = {"micro_batch_size": t.micro_batch_size, "global_batch_size": t.global_batch_size,
-            "train_dir": data_dir, "val_dir": None, "dev_choose_samples": None, "seq_length": m.seq_length,
-            "tokenizer": {"type": spec.tokenizer.path}}
+    # Continual pre-training loads the converted weights instead of initialising on the CPU, and
+    # not their optimizer state (docs/tutorials/hf_llama3_70B_pretraining.rst, "Continual
+    # Pre-training"); NxDT reads weight_init_only as false when absent.
+    model["use_cpu_initialization"] = init_checkpoint is None
+    if init_checkpoint is not None:
+        model["weight_init_only"] = True
+    model.update({**_checkpointing_and_fusions(spec), "do_layer_norm_weight_decay": True, "optim": _optim(spec)})
+    data = {"micro_batch_size": t.micro_batch_size, "global_batch_size": t.global_batch_size, "train_dir": data_dir}
     return {"data": data, "model": model}
 
 
@@ -104,29 +138,48 @@ def _gpt(spec: PretrainSpec, data_prefix: str) -> dict[str, Any]:
     m, t = spec.model, spec.training
     vocab, merges = gpt2_bpe_files(spec, data_prefix)
     data = {"micro_batch_size": t.micro_batch_size, "global_batch_size": t.global_batch_size,
-            "data_prefix": [x for pair in blend(spec, data_prefix) for x in pair], "data_impl": "mmap", "splits_string": spec.data.split,
-            "seq_length": m.seq_length,
-            "tokenizer": {"library": "megatron", "type": "GPT2BPETokenizer", "vocab_file": vocab,
-                          "merge_file": merges}}
+            "data_prefix": [x for pair in blend(spec, data_prefix) for x in pair], "index_mapping_dir": None,
+            "data_impl": "mmap", "splits_string": spec.data.split, "seq_length": "${model.encoder_seq_length}",
+            "skip_warmup": True, "num_workers": 1, "dataloader_type": "single", "reset_position_ids": False,
+            "reset_attention_mask": False, "eod_mask_loss": False, "validation_drop_last": True,
+            "no_seqlen_plus_one_input_tokens": False, "pad_samples_to_global_batch_size": False,
+            "tokenizer": {"library": "megatron", "type": "GPT2BPETokenizer", "model": None, "vocab_file": vocab,
+                          "merge_file": merges, "delimiter": None, "sentencepiece_legacy": False,
+                          "use_fast": False}}
     model = {"encoder_seq_length": m.seq_length, "max_position_embeddings": m.max_position_embeddings,
              "num_layers": m.num_layers, "hidden_size": m.hidden_size, "ffn_hidden_size": m.ffn_hidden_size,
-             "num_attention_heads": m.num_attention_heads, "num_kv_heads": m.kv_heads,
-             "position_embedding_type": "learned_absolute", "activation": "gelu", "normalization": "layernorm",
-             "has_bias": True, "share_embeddings_and_output_weights": True, "hidden_dropout": 0.1,
-             "attention_dropout": 0.1, "init_method_std": 0.021, "make_vocab_size_divisible_by": 8,
-             "optim": _optim(spec, "adamw_fp32OptState")}
+             "num_attention_heads": m.num_attention_heads, "num_kv_heads": m.kv_heads, "init_method_std": 0.021,
+             "use_scaled_init_method": True, "hidden_dropout": 0.1, "attention_dropout": 0.1, "ffn_dropout": 0.1,
+             "apply_query_key_layer_scaling": True, "normalization": "layernorm", "layernorm_epsilon": 1e-5,
+             "do_layer_norm_weight_decay": False, "make_vocab_size_divisible_by": 8, "persist_layer_norm": False,
+             "share_embeddings_and_output_weights": True, "position_embedding_type": "learned_absolute",
+             "rotary_percentage": 1, "activation": "gelu", "transformer_block_type": "pre_ln", "has_bias": True,
+             "use_cpu_initialization": True, **_checkpointing_and_fusions(spec), "optim": _optim(spec)}
     return {"data": data, "model": model}
 
 
 def nxdt_config(spec: PretrainSpec, data: str, init_checkpoint: str | None = None) -> dict[str, Any]:
-    """The NxDT conf YAML as a dict. ``data`` is the tokenized dataset (HF Arrow directory for
-    Llama, Megatron prefix for GPT); ``init_checkpoint`` the converted weights to continue from."""
+    """The NxDT conf YAML as a dict, in the examples' order. ``data`` is the tokenized dataset
+    (HF Arrow directory for Llama, Megatron prefix for GPT); ``init_checkpoint`` the converted
+    weights to continue from."""
     if spec.backend.kind != "neuron" or spec.backend.neuron is None:
         raise ValueError(f"backend.kind={spec.backend.kind}: NxDT configs are for backend.kind=neuron")
+    n = spec.backend.neuron
     family = _llama(spec, data, init_checkpoint) if spec.model.family == "llama" else _gpt(spec, data)
-    config = _common(spec, init_checkpoint)
-    config.update(family)
-    return config
+    return {"name": _name(spec), "model_source": "hf" if spec.model.family == "llama" else "megatron",
+            "seed": spec.training.seed, "trainer": _trainer(spec), "exp_manager": _exp_manager(spec, init_checkpoint),
+            "distributed_strategy": _strategy(spec), **family, "precision": _precision(spec),
+            "compiler_flags": n.compiler_flags, "compiler_cache_url": n.compiler_cache_url,
+            # sic: NxDT spells the key this way
+            "aync_exec_max_inflight_requests": n.async_exec_max_inflight_requests,
+            "bucket_size_collectives": n.bucket_size_collectives,
+            "neuron_rt_exec_timeout": n.neuron_rt_exec_timeout,
+            "neuron_experimental_compress_rg": n.neuron_experimental_compress_rg}
+
+
+def config_yaml(config: dict[str, Any]) -> str:
+    """The conf file's text, keys in the examples' order."""
+    return yaml.safe_dump(config, sort_keys=False)
 
 
 def train_environment() -> dict[str, str]:

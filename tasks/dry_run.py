@@ -61,7 +61,7 @@ def render_files(spec: PretrainSpec, cluster: SlurmCluster | None = None) -> dic
         if spec.model.init_from:
             files["convert.sh"] = _shell(convert_command(spec, spec.model.init_from, CONVERTED))
         data = DATASET if spec.model.family == "llama" else f"{DATASET}/data_text_document"
-        files["nxdt_config.yaml"] = yaml.safe_dump(nxdt.nxdt_config(spec, data, init), sort_keys=False)
+        files["nxdt_config.yaml"] = nxdt.config_yaml(nxdt.nxdt_config(spec, data, init))
         files["train_env.sh"] = _exports(nxdt.train_environment())
         files["torchrun.sh"] = _shell(nxdt.torchrun_command(spec, CONFIG_NAME))
         files["precompile.sh"] = precompile_script(spec, f"{PRECOMPILE_DIR}/conf", f"{PRECOMPILE_DIR}/attempt",

@@ -30,7 +30,6 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-import yaml
 from prefect import task
 from prefect.artifacts import create_table_artifact
 from prefect.logging import get_run_logger
@@ -44,7 +43,7 @@ from jobs.slurm import (JobRequest, SlurmJobFailed, cluster_for, ends_cancelled,
                         run_job, stage_request)
 from render import native
 from render.dataset_files import eod_id
-from render.nxdt import nxdt_config, precompile_command
+from render.nxdt import config_yaml, nxdt_config, precompile_command
 from render.nxdt_scripts import (CONFIG_NAME, NPC_LOG, compile_environment, node_name,
                                  precompile_script)
 from tasks.artifacts import artifact_key, graph_totals, native_compile_rows, retryable
@@ -161,7 +160,7 @@ def precompile_neuron(spec: PretrainSpec, dataset: str, checkpoint: str | None =
     work = Path(spec.paths.root) / "precompile" / work_key(spec, config)
     conf_dir = work / "conf"
     conf_dir.mkdir(parents=True, exist_ok=True)
-    (conf_dir / f"{CONFIG_NAME}.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+    (conf_dir / f"{CONFIG_NAME}.yaml").write_text(config_yaml(config))
 
     record_path = work / ATTEMPT_RECORD
     plan = retry_plan(task_run.run_count, json.loads(record_path.read_text()) if record_path.exists() else None)

@@ -21,7 +21,6 @@ import re
 from pathlib import Path
 from typing import Any
 
-import yaml
 from prefect import task
 from prefect.logging import get_run_logger
 
@@ -29,6 +28,7 @@ from jobs.node import Command
 from jobs.slurm import JobRequest, cluster_for, ends_cancelled, stage_request
 from pretrain.neuron_compile import training_compiles
 from pretrain.spec import PretrainSpec
+from render.nxdt import config_yaml
 from render.nxdt_scripts import CONFIG_NAME, TRAIN_LOG, log_dir, node_name, train_config, train_script
 from tasks.artifacts import retryable
 from tasks.attempts import MetricsFollower, finish_run, job_completed, run_attempts, run_dir
@@ -86,7 +86,7 @@ def train_nxdt(spec: PretrainSpec, dataset: str, checkpoint: str | None = None,
         if resume is not None:
             logger.info("train attempt %d resumes from %s", attempt + 1, resume)
         config = train_config(spec, dataset, checkpoint, resume)
-        (run / "conf" / f"{CONFIG_NAME}.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+        (run / "conf" / f"{CONFIG_NAME}.yaml").write_text(config_yaml(config))
         return stage_request(spec, f"{spec.name}-train", Command(["bash", str(script)]))
 
     attempts = run_attempts(spec, cluster, follower, n.max_restarts, prepare)

@@ -1,8 +1,10 @@
-"""NxDT launch rendering: every value the runbooks publish for the five Trainium presets
-(aws-neuron/neuronx-distributed-training examples/conf/), the environment train.sh sets, and the
-per-node torchrun line (its examples/train.sh and examples/train_setup.sh)."""
+"""NxDT launch rendering: continual pre-training, the spec's NxD rules, the environment train.sh
+sets and the per-node torchrun line (aws-neuron/neuronx-distributed-training examples/train.sh and
+examples/train_setup.sh). The confs against the published examples: tests/test_nxdt_upstream.py."""
 
 from __future__ import annotations
+
+import re
 
 import pytest
 
@@ -12,97 +14,45 @@ from render.nxdt import nxdt_config, torchrun_command, train_environment
 pytestmark = pytest.mark.pure  # no stack, no Prefect API: `make check` runs it
 
 
-def at(config: dict, path: str):
-    for part in path.split("."):
-        config = config[part]
-    return config
-
-
-LLAMA3_70B_TRN1 = {
-    "trainer.devices": 32, "trainer.num_nodes": 16, "trainer.max_steps": 30000, "trainer.log_every_n_steps": 10,
-    "trainer.gradient_clip_val": 1.0, "trainer.val_check_interval": 30001, "trainer.limit_val_batches": 0.0,
-    "trainer.num_sanity_val_steps": 0,
-    "distributed_strategy.tensor_model_parallel_size": 32, "distributed_strategy.pipeline_model_parallel_size": 8,
-    "distributed_strategy.virtual_pipeline_model_parallel_size": 1, "distributed_strategy.zero1": True,
-    "distributed_strategy.sequence_parallel": True, "distributed_strategy.kv_replicator": 4,
-    "distributed_strategy.context_parallel_size": 1,
-    "data.micro_batch_size": 1, "data.global_batch_size": 1024,
-    "data.train_dir": "/home/ubuntu/examples_datasets/wikicorpus_llama3_tokenized_8k",
-    "model.model_config": "/home/ubuntu/config.json", "model.encoder_seq_length": 8192,
-    "model.max_position_embeddings": 8192, "model.num_layers": 80, "model.hidden_size": 8192,
-    "model.rope_theta": 500000.0, "model.qkv_linear": True, "model.fuse_qkv": True,
-    "model.activations_checkpoint_granularity": "selective",
-    "model.activations_checkpoint_recompute": ["CoreAttention", "LlamaMLP"],
-    "model.fusions": {"softmax": True, "flash_attention": True},
-    "model.optim.name": "adamw", "model.optim.lr": 1.5e-5, "model.optim.weight_decay": 0.1,
-    "model.optim.betas": [0.9, 0.95], "model.optim.sched.name": "CosineAnnealing",
-    "model.optim.sched.warmup_steps": 2000, "model.optim.sched.min_lr": 1e-6, "model.optim.sched.constant_steps": 0,
-    "precision.type": "mixed_precision",
-    "exp_manager.name": "hf_llama", "exp_manager.resume_if_exists": True,
-    "exp_manager.resume_ignore_no_checkpoint": True, "exp_manager.checkpoint_callback_params.save_top_k": 1,
-    "exp_manager.checkpoint_callback_params.monitor": "step", "exp_manager.checkpoint_callback_params.mode": "max",
-    "exp_manager.checkpoint_callback_params.every_n_train_steps": 10,
-    "exp_manager.checkpoint_callback_params.filename": "hf_llama3_70B--{step}-{consumed_samples}",
-    "exp_manager.save_xser": True, "exp_manager.load_xser": True, "exp_manager.async_checkpointing": False,
-    "exp_manager.log_parameter_norm": True, "exp_manager.log_gradient_norm": True,
-    "exp_manager.resume_from_checkpoint": None, "exp_manager.log_local_rank_0_only": True,
-    "compiler_flags": "--model-type transformer", "compiler_cache_url": "/home/ubuntu/neuron_cache",
-    "aync_exec_max_inflight_requests": 5, "bucket_size_collectives": 1024, "neuron_rt_exec_timeout": 100,
-    "neuron_experimental_compress_rg": False,
-}
-TRN2 = {**LLAMA3_70B_TRN1, "trainer.devices": 64, "trainer.num_nodes": 8, "trainer.lnc": 2,
-        "trainer.sequential_move_factor": 32, "trainer.max_steps": 10000,
-        "distributed_strategy.pipeline_model_parallel_size": 4,
-        "model.pipeline_cuts": ["model.layers.18", "model.layers.39", "model.layers.60"],
-        "model.activations_checkpoint_recompute": ["LlamaRMSNorm", "ActivationMultiplyMLP"],
-        "model.fusions": {"flash_attention": True}, "precision.parallel_layers_reduce_dtype": "bf16",
-        "exp_manager.checkpoint_callback_params.every_n_train_steps": 1000,
-        "compiler_cache_url": "/workspace/neuron_cache"}
-CP = {**LLAMA3_70B_TRN1, "distributed_strategy.context_parallel_size": 2,
-      "model.fusions": {"softmax": True, "flash_attention": False, "ring_attention": True}}
-GPT = {
-    "model_source": "megatron", "trainer.devices": 32, "trainer.num_nodes": 1, "trainer.max_steps": 20000,
-    "trainer.log_every_n_steps": 1, "trainer.val_check_interval": 20000, "trainer.limit_val_batches": 1,
-    "trainer.limit_test_batches": 1, "distributed_strategy.tensor_model_parallel_size": 8,
-    "distributed_strategy.pipeline_model_parallel_size": 1, "distributed_strategy.zero1": True,
-    "distributed_strategy.sequence_parallel": True, "data.micro_batch_size": 1, "data.global_batch_size": 1024,
-    "data.data_prefix": [1.0, "/data/my-gpt2_text_document"], "data.data_impl": "mmap",
-    "data.splits_string": "980,10,10", "data.seq_length": 2048, "data.tokenizer.type": "GPT2BPETokenizer",
-    "data.tokenizer.library": "megatron", "data.tokenizer.vocab_file": "/data/gpt2-vocab.json",
-    "data.tokenizer.merge_file": "/data/gpt2-merges.txt", "model.attention_dropout": 0.1,
-    "model.num_layers": 32, "model.hidden_size": 4096, "model.ffn_hidden_size": 16384,
-    "model.num_attention_heads": 32, "model.num_kv_heads": 32, "model.position_embedding_type": "learned_absolute",
-    "model.activation": "gelu", "model.normalization": "layernorm", "model.has_bias": True,
-    "model.share_embeddings_and_output_weights": True, "model.hidden_dropout": 0.1, "model.init_method_std": 0.021,
-    "model.make_vocab_size_divisible_by": 8, "model.optim.name": "adamw_fp32OptState", "model.optim.lr": 1.5e-4,
-    "model.optim.weight_decay": 0.01, "model.optim.sched.name": "CosineAnnealing",
-    "model.optim.sched.warmup_steps": 750, "model.optim.sched.constant_steps": 80000,
-    "model.optim.sched.min_lr": 1e-5, "precision.type": "mixed_precision",
-}
-GPT_16NODE = {**GPT, "trainer.num_nodes": 16, "distributed_strategy.tensor_model_parallel_size": 32}
-
-
-@pytest.mark.parametrize("preset, data, published", [
-    ("llama3-70b", "/home/ubuntu/examples_datasets/wikicorpus_llama3_tokenized_8k", LLAMA3_70B_TRN1),
-    ("llama3-70b-trn2", "/home/ubuntu/examples_datasets/wikicorpus_llama3_tokenized_8k", TRN2),
-    ("llama3-70b-cp", "/home/ubuntu/examples_datasets/wikicorpus_llama3_tokenized_8k", CP),
-    ("megatron-gpt-6.7b", "/data/my-gpt2_text_document", GPT),
-    ("gpt3-6.7b-trn1-16node", "/data/my-gpt2_text_document", GPT_16NODE),
-])
-def test_rendered_config_holds_every_published_value(preset, data, published):
-    config = nxdt_config(load_spec(preset), data)
-    # The type counts too: Lightning reads limit_val_batches 1 as one batch and 1.0 as the whole set.
-    wrong = {path: (at(config, path), value) for path, value in published.items()
-             if (type(at(config, path)), at(config, path)) != (type(value), value)}
-    assert wrong == {}
-    if preset.startswith("gpt3") or preset.startswith("megatron"):
-        assert "context_parallel_size" not in config["distributed_strategy"]
-
-
 def test_continual_pretraining_loads_the_converted_weights_only():
     config = nxdt_config(load_spec("llama3-70b"), "/data", init_checkpoint="/fsx/pretrained_weight")
     assert config["exp_manager"]["resume_from_checkpoint"] == "/fsx/pretrained_weight/"
     assert config["model"]["weight_init_only"] is True and config["model"]["use_cpu_initialization"] is False
+    # from scratch, as the example ships: initialised on the CPU, and no weight_init_only at all
+    scratch = nxdt_config(load_spec("llama3-70b"), "/data")["model"]
+    assert scratch["use_cpu_initialization"] is True and "weight_init_only" not in scratch
+
+
+def test_a_spec_without_recompute_or_fusions_gets_its_familys_published_ones():
+    # megatron_gpt_config.yaml recomputes CoreAttention and fuses softmax only; the Llama 3
+    # examples also recompute LlamaMLP and use flash attention
+    gpt, llama = load_spec("megatron-gpt-6.7b").backend.neuron, load_spec("llama3-70b").backend.neuron
+    assert (gpt.activations_checkpoint_recompute, gpt.fusions) == (["CoreAttention"],
+                                                                    {"softmax": True, "flash_attention": False})
+    assert (llama.activations_checkpoint_recompute, llama.fusions) == (["CoreAttention", "LlamaMLP"],
+                                                                        {"softmax": True, "flash_attention": True})
+    # a spec that sets them keeps its own
+    trn2 = load_spec("llama3-70b-trn2").backend.neuron
+    assert (trn2.activations_checkpoint_recompute, trn2.fusions) == (["LlamaRMSNorm", "ActivationMultiplyMLP"],
+                                                                      {"flash_attention": True})
+
+
+@pytest.mark.parametrize("preset, override, message", [
+    ("llama3-70b", "training.eval_iters=5", "training.eval_iters=5: NxDT's Llama configs validate on a separate"),
+    ("megatron-gpt-6.7b", "parallel.zero1=false", "parallel.zero1=false: NxDT's Megatron GPT model refuses"),
+    ("megatron-gpt-6.7b", "training.lr_decay_style=linear", "training.lr_decay_style=linear: NxDT's published"),
+    ("llama3-70b", "backend.neuron.precision_type=bf16", "backend.neuron.precision_type"),
+    ("llama3-70b", "backend.neuron.fusions={ring_attention: true}", "NxDT's Llama model reads fusions.flash_attention"),
+])
+def test_what_nxdt_would_refuse_is_refused_with_the_field_named(preset, override, message):
+    with pytest.raises(SpecError, match=re.escape(message)):
+        load_spec(preset, [override])
+
+
+def test_gpt_with_context_parallelism_is_refused_on_nxdt():
+    # ring attention is NxDT's Llama model's; cp 2 halves dp, so the global batch still divides
+    with pytest.raises(SpecError, match=r"parallel.cp=2: NxDT's Megatron GPT model has no context parallelism"):
+        load_spec("megatron-gpt-6.7b", ["parallel.cp=2", "backend.neuron.fusions={ring_attention: true}"])
 
 
 def test_context_parallel_without_ring_attention_is_rejected():
