@@ -18,7 +18,8 @@ Not a timing but the proof that belongs beside the benchmarks on a lent GPU, whi
 
 Exits non-zero unless Megatron-LM ended well and every iteration's line parsed with a loss. The
 rendered launch runs ``/workspace/Megatron-LM/pretrain_gpt.py``, where the runbooks' image has
-its checkout: put Megatron-LM at tag core_v0.16.1 there (``render.megatron_lm.MEGATRON_LM_VERSION``).
+its checkout: put Megatron-LM at the preset's release there (``backend.megatron_lm.version``, tag
+core_v0.16.1).
 Without Transformer Engine and apex (a plain CUDA PyTorch) it needs ``--transformer-impl local``
 and none of their fused kernels (gradient accumulation, masked softmax), which ``backend.megatron_lm.extra_args`` adds.
 """
@@ -43,7 +44,7 @@ from pretrain.log_parsers import parse_log  # noqa: E402
 from pretrain.presets import load_spec  # noqa: E402
 from pretrain.toy_tokenizers import gpt2_style  # noqa: E402
 from render.dataset_files import tokenizer_paths  # noqa: E402
-from render.megatron_lm import MEGATRON_LM_VERSION, PRETRAIN_GPT, node_command  # noqa: E402
+from render.megatron_lm import PRETRAIN_GPT, node_command  # noqa: E402
 from render.tokenize_command import tokenize_command  # noqa: E402
 from trainer.tokenize import output_prefix  # noqa: E402
 
@@ -79,10 +80,11 @@ def main() -> None:
     parser.add_argument("--keep-log", type=Path, help="copy the node's log here")
     args = parser.parse_args()
     checkout = Path(PRETRAIN_GPT).parent
+    version = load_spec("gpt3-7.5b-gpu").backend.megatron_lm.version
     if not (checkout / "pretrain_gpt.py").exists():
-        sys.exit(f"{PRETRAIN_GPT} is missing: put a Megatron-LM checkout (tag core_v{MEGATRON_LM_VERSION}) at {checkout}")
-    if (found := megatron_version(checkout)) != MEGATRON_LM_VERSION:
-        sys.exit(f"{checkout} is Megatron-LM {found}; the launch is rendered for {MEGATRON_LM_VERSION}")
+        sys.exit(f"{PRETRAIN_GPT} is missing: put a Megatron-LM checkout (tag core_v{version}) at {checkout}")
+    if (found := megatron_version(checkout)) != version:
+        sys.exit(f"{checkout} is Megatron-LM {found}; the launch is rendered for {version}")
 
     work = Path(tempfile.mkdtemp(prefix="megatron-lm-gpu-"))
     corpus = work / "corpus.jsonl"
@@ -112,7 +114,7 @@ def main() -> None:
     points = parse_log(log).points
     with_loss = sorted(step for step, point in points.items() if "loss" in point)
     validated = ", ".join(f"{step}: {p['val_loss']:.3f}" for step, p in sorted(points.items()) if "val_loss" in p)
-    print(f"Megatron-LM {MEGATRON_LM_VERSION} exit {returncode}; iteration lines with a loss: {len(with_loss)} of "
+    print(f"Megatron-LM {version} exit {returncode}; iteration lines with a loss: {len(with_loss)} of "
           f"{args.steps}; validation loss by iteration: {validated or 'none'}")
     step_ms = [points[s]["step_time_ms"] for s in with_loss[5:] if "step_time_ms" in points[s]]
     if step_ms:

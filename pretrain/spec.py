@@ -279,7 +279,13 @@ class NeuronSpec(Restarts):
 class MegatronLMSpec(Restarts):
     hang_timeout_min: float = Field(30.0, gt=0, description="Cancel and resubmit a run whose iteration lines "
                                     "have not advanced for this long (the first run builds the dataset's index first).")
-    container_image: str | None = Field(None, description="pyxis/enroot image with Megatron-LM.")
+    container_image: str | None = Field(None, description="pyxis/enroot image with Megatron-LM at "
+                                        "/workspace/Megatron-LM, at the release `version` names.")
+    # The release the launch has run with (benchmarks/megatron_lm_gpu.py): NVIDIA/Megatron-LM tag
+    # core_v0.16.1 (commit 55ac7082517c3878ae653c07c09c534b8aed49f6), the megatron-core that
+    # pyproject pins. docs/render.md lists the releases whose parser the arguments were checked with.
+    version: str = Field("0.16.1", description="Megatron-LM release in the image (MAJOR.MINOR.PATCH, as "
+                         "megatron/core/package_info.py gives it); the arguments are rendered for it.")
     container_mounts: list[str] = Field(default_factory=list, description="'SRC:DST' mounts.")
     lr_decay_samples: int | None = Field(None, gt=0, description="--lr-decay-samples for sample-based "
                                          "training; default training.train_samples.")
@@ -291,6 +297,15 @@ class MegatronLMSpec(Restarts):
     extra_args: list[str] = Field(default_factory=list, description="pretrain_gpt.py arguments the spec has no "
                                   "field for, appended verbatim (e.g. --transformer-impl local where the image "
                                   "has no Transformer Engine).")
+
+    @field_validator("version")
+    @classmethod
+    def _release(cls, value: str) -> str:
+        parts = value.split(".")
+        if len(parts) != 3 or not all(part.isdigit() for part in parts):
+            raise ValueError(f"backend.megatron_lm.version={value!r}: give the release as MAJOR.MINOR.PATCH, "
+                             "e.g. 0.16.1 for tag core_v0.16.1")
+        return value
 
 
 class NativeSpec(Restarts):

@@ -18,10 +18,15 @@ if TYPE_CHECKING:  # a Prefect block; rendering only copies it
 
 MASTER_PORT = 29500
 PRETRAIN_GPT = "/workspace/Megatron-LM/pretrain_gpt.py"
-# The Megatron-LM release the arguments are rendered for and were run with
-# (benchmarks/megatron_lm_gpu.py): the megatron-core version pyproject pins, NVIDIA/Megatron-LM
-# tag core_v0.16.1 (commit 55ac7082517c3878ae653c07c09c534b8aed49f6).
-MEGATRON_LM_VERSION = "0.16.1"
+# Megatron-LM 0.15.0 added a second tokenizer system and made it the default; its
+# --legacy-tokenizer (new in core_v0.15.0's megatron/training/arguments.py) keeps the one earlier
+# releases always used, which older parsers refuse as an unknown argument.
+LEGACY_TOKENIZER_FLAG_SINCE = (0, 15, 0)
+
+
+def release(version: str) -> tuple[int, ...]:
+    """``backend.megatron_lm.version`` ("0.16.1") as numbers, for comparing releases."""
+    return tuple(int(part) for part in version.split("."))
 
 
 def pretrain_gpt_args(spec: PretrainSpec, data_prefix: str, checkpoint_dir: str) -> list[str]:
@@ -64,7 +69,8 @@ def pretrain_gpt_args(spec: PretrainSpec, data_prefix: str, checkpoint_dir: str)
     # AutoTokenizer.from_pretrained("gpt2", vocab_file=...), which asks the Hugging Face Hub for
     # gpt2's files first and fails on a node without internet (seen on a lent H100); the legacy
     # one reads the vocab and merges files alone, as the runbooks' Megatron-LM did.
-    args += ["--data-path", *data_path, "--split", split, "--tokenizer-type", "GPT2BPETokenizer", "--legacy-tokenizer",
+    legacy = ["--legacy-tokenizer"] if release(mlm.version) >= LEGACY_TOKENIZER_FLAG_SINCE else []
+    args += ["--data-path", *data_path, "--split", split, "--tokenizer-type", "GPT2BPETokenizer", *legacy,
              "--vocab-file", vocab, "--merge-file", merges,
              "--log-interval", "1", "--eval-interval", str(t.eval_interval), "--eval-iters", str(eval_iters),
              "--save", checkpoint_dir, "--load", checkpoint_dir, "--save-interval", str(t.checkpoint_interval)]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from pretrain.presets import load_spec
+from pretrain.presets import SpecError, load_spec
 from blocks.cluster import SlurmCluster
 from tasks.dry_run import render_files
 from jobs.node import Command
@@ -53,6 +53,19 @@ def test_benchmark_mode_evaluates_nothing_and_iterations_mode():
     args = flags(pretrain_gpt_args(spec, "/d", "/c"))
     assert args["--split"] == "100,0,0" and args["--eval-iters"] == "0"
     assert args["--train-iters"] == "100" and args["--lr-warmup-iters"] == "10" and "--train-samples" not in args
+
+
+def test_the_arguments_are_rendered_for_the_pinned_megatron_lm_release():
+    """--legacy-tokenizer came with Megatron-LM 0.15.0's second tokenizer system: from it on the
+    launch keeps the tokenizer that reads the vocab and merges files alone; older parsers refuse
+    the flag (benchmarks/megatron_lm_args.py parses these against core_v0.16.1, core_v0.12.1 and
+    core_r0.8.0)."""
+    assert load_spec("gpt3-7.5b-gpu").backend.megatron_lm.version == "0.16.1"
+    for version, legacy in (("0.16.1", True), ("0.15.0", True), ("0.12.1", False), ("0.8.0", False)):
+        spec = load_spec("gpt3-7.5b-gpu", [f"backend.megatron_lm.version={version}"])
+        assert ("--legacy-tokenizer" in pretrain_gpt_args(spec, "/d", "/c")) is legacy, version
+    with pytest.raises(SpecError, match="backend.megatron_lm.version='latest': give the release as MAJOR.MINOR.PATCH"):
+        load_spec("gpt3-7.5b-gpu", ["backend.megatron_lm.version=latest"])
 
 
 def test_extra_arguments_come_last_so_they_win():
