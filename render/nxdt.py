@@ -86,7 +86,7 @@ def _llama(spec: PretrainSpec, data_dir: str, init_checkpoint: str | None) -> di
     model: dict[str, Any] = {
         "model_config": n.hf_config, "encoder_seq_length": m.seq_length,
         "max_position_embeddings": m.max_position_embeddings, "num_layers": m.num_layers,
-        "hidden_size": m.hidden_size, "qkv_linear": True, "fuse_qkv": m.fuse_qkv, "rope_theta": m.rope_theta,
+        "hidden_size": m.hidden_size, "qkv_linear": m.qkv_linear, "fuse_qkv": m.fuse_qkv, "rope_theta": m.rope_theta,
         "persistent_workers": False, "transformer_engine": False,
         "use_cpu_initialization": init_checkpoint is None, "weight_init_only": init_checkpoint is not None,
         "activations_checkpoint_granularity": "selective",
