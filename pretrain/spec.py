@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from trainer.model_shape import (check_attention_shape, check_converted_kv_heads, check_heads_over_tp,
                                  check_kv_heads_over_tp, check_native_float8, check_native_model,
-                                 check_native_tp)
+                                 check_native_tp, check_qkv_layout)
 from trainer.nxdt_layout import LayoutError, NxdtLayout
 from trainer.run_layout import data_parallel_size, grad_accumulation
 
@@ -124,7 +124,13 @@ class ModelSpec(Strict):
     init_from: str | None = Field(None, description="A Hugging Face checkpoint (directory with config.json "
                                   "+ safetensors) to continue pre-training from; converted for the backend.")
     fuse_qkv: bool = Field(True, description="NxD: one fused qkv_proj.weight_qkv per rank (the 70B YAMLs' "
-                           "default); false keeps weight_q/k/v.")
+                           "default); false keeps weight_q/k/v. Needs qkv_linear.")
+    qkv_linear: bool = Field(True, description="NxD (Llama): attention through GQAQKVColumnParallelLinear, "
+                             "weights qkv_proj.weight_q/k/v (the 70B YAMLs' value); false builds plain "
+                             "self_attn.q_proj/k_proj/v_proj ColumnParallelLinear layers, without KV replication "
+                             "(LlamaAttention in aws-neuron/neuronx-distributed-training src/"
+                             "neuronx_distributed_training/models/hf_models/modeling_llama.py). The NxDT YAML and "
+                             "the converter's key layout both follow it.")
 
     @model_validator(mode="before")
     @classmethod
@@ -486,6 +492,8 @@ class PretrainSpec(Strict):
             check_native_tp(m.family, m.num_attention_heads, m.kv_heads, p.tp)
             check_native_float8(self.backend.native.float8, m.family, self.training.precision, p.tp)
             return
+        if kind == "neuron" and m.family == "llama":  # NxDT's GPT is Megatron's model: no qkv_linear
+            check_qkv_layout(m.qkv_linear, m.fuse_qkv, p.kv_replicator)
         check_heads_over_tp(m.num_attention_heads, p.tp)
         if kind == "neuron":
             check_kv_heads_over_tp(m.kv_heads, p.tp, p.kv_replicator)

@@ -19,6 +19,8 @@ def convert_flags(spec: PretrainSpec) -> list[str]:
              "--hw-backend", spec.backend.neuron.instance_type]
     if spec.model.fuse_qkv:
         flags.append("--fuse-qkv")
+    if not spec.model.qkv_linear:
+        flags.append("--no-qkv-linear")
     if p.pipeline_cuts:
         flags += ["--pipeline-cuts", *p.pipeline_cuts]
     return flags

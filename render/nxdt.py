@@ -120,7 +120,7 @@ def _llama(spec: PretrainSpec, data_dir: str, init_checkpoint: str | None) -> di
     model: dict[str, Any] = {
         "model_config": n.hf_config, "encoder_seq_length": m.seq_length,
         "max_position_embeddings": m.max_position_embeddings, "num_layers": m.num_layers,
-        "hidden_size": m.hidden_size, "qkv_linear": True, "fuse_qkv": m.fuse_qkv, "rope_theta": m.rope_theta}
+        "hidden_size": m.hidden_size, "qkv_linear": m.qkv_linear, "fuse_qkv": m.fuse_qkv, "rope_theta": m.rope_theta}
     if spec.parallel.pipeline_cuts:
         model["pipeline_cuts"] = list(spec.parallel.pipeline_cuts)
     # Continual pre-training loads the converted weights instead of initialising on the CPU, and

@@ -1,6 +1,7 @@
 """HF <-> NxDT checkpoint conversion on a small random Llama with GQA (8 heads, 2 KV heads,
-tp 4, pp 2, KV multiplier 2), for trn1 and trn2: names and per-rank shapes, the round trip,
-and logits computed from the shards the way tensor-parallel layers compute them. Llama-3 70B's
+tp 4, pp 2, KV multiplier 2; without qkv_linear, which replicates no KV head, tp 2), for trn1
+and trn2: names and per-rank shapes, the round trip, logits computed from the shards the way
+tensor-parallel layers compute them, and shards as NxD's own converter writes them. Llama-3 70B's
 head placement, per-rank shapes and pipeline stages are pinned to NxD's layout for its 70B
 config.json (in aws-neuron/neuronx-distributed: the converter's split and Q reorder,
 ``convert_full_state_to_tp`` in src/neuronx_distributed/scripts/checkpoint_converter.py; trn2's
@@ -26,6 +27,7 @@ import trainer.convert as converter
 from pretrain.presets import load_spec
 from trainer.convert import ConvertError, HFCheckpoint, shard_items, verify
 from render.convert_command import convert_command
+from render.nxdt import nxdt_config
 from trainer.nxdt_layout import LayoutError, NxdtLayout
 
 pytestmark = pytest.mark.pure  # no stack, no Prefect API: `make check` runs it
@@ -60,13 +62,22 @@ def to_nxdt(src: Path, out: Path, backend: str, *extra: str) -> Path:
     return out / "model"
 
 
-def layout(backend: str, fuse: bool = False) -> NxdtLayout:
-    return NxdtLayout(4, 8, 2, 8, tp=TP, pp=PP, kv_multiplier=MULT, hw_backend=backend, fuse_qkv=fuse)
+def layout(backend: str, fuse: bool = False, qkv_linear: bool = True) -> NxdtLayout:
+    """The fixture's layout; without qkv_linear NxDT replicates no KV head, so tp 2 gives each
+    rank one of the 2 KV heads."""
+    tp, mult = (TP, MULT) if qkv_linear else (2, 1)
+    return NxdtLayout(4, 8, 2, 8, tp=tp, pp=PP, kv_multiplier=mult, hw_backend=backend, fuse_qkv=fuse,
+                      qkv_linear=qkv_linear)
 
 
-def shards(model_dir: Path) -> dict[tuple[int, int], dict[str, torch.Tensor]]:
+def flags(lay: NxdtLayout) -> list[str]:
+    return ["--tp", str(lay.tp), "--pp", str(lay.pp), "--kv-multiplier", str(lay.kv_multiplier), "--hw-backend",
+            lay.hw_backend, *["--fuse-qkv"] * lay.fuse_qkv, *["--no-qkv-linear"] * (not lay.qkv_linear)]
+
+
+def shards(model_dir: Path, tp: int = TP, pp: int = PP) -> dict[tuple[int, int], dict[str, torch.Tensor]]:
     return {(t, p): torch.load(model_dir / f"dp_rank_00_tp_rank_{t:02d}_pp_rank_{p:02d}.pt", weights_only=True)
-            for t in range(TP) for p in range(PP)}
+            for t in range(tp) for p in range(pp)}
 
 
 @pytest.mark.parametrize("backend", ["trn1", "trn2"])
@@ -184,23 +195,26 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 
 def tensor_parallel_logits(states, lay: NxdtLayout, config: LlamaConfig, ids: torch.Tensor) -> torch.Tensor:
     """The forward pass of NxD's parallel layers, from the shards: column-parallel outputs
-    joined, row-parallel outputs summed, each rank's Q heads with its own K/V head."""
-    hd, eps, (batch, seq) = lay.head_dim, config.rms_norm_eps, ids.shape
-    x = torch.cat([states[(t, 0)]["model.embed_tokens.weight"] for t in range(TP)])[ids]
+    joined, row-parallel outputs summed, each rank's Q heads with its own K/V heads (in order,
+    as repeat_kv pairs them)."""
+    hd, eps, (batch, seq), tp = lay.head_dim, config.rms_norm_eps, ids.shape, lay.tp
+    qkv = ("qkv_proj.weight_q", "qkv_proj.weight_k", "qkv_proj.weight_v") if lay.qkv_linear else (
+        "q_proj.weight", "k_proj.weight", "v_proj.weight")
+    x = torch.cat([states[(t, 0)]["model.embed_tokens.weight"] for t in range(tp)])[ids]
     cos, sin = LlamaRotaryEmbedding(config)(x, torch.arange(seq)[None])
     causal = torch.full((seq, seq), float("-inf")).triu(1)
     stage = lay.stage_of_layer()
     for layer in range(lay.num_layers):
         p = f"model.layers.{layer}"
-        per_rank = [states[(t, stage[layer])] for t in range(TP)]
+        per_rank = [states[(t, stage[layer])] for t in range(tp)]
         h = rms_norm(x, per_rank[0][f"{p}.input_layernorm.weight"], eps)
         attention = 0
         for s in per_rank:
             def heads(w):
                 return (h @ w.T).view(batch, seq, -1, hd).transpose(1, 2)
-            q, k, v = (heads(s[f"{p}.self_attn.qkv_proj.weight_{n}"]) for n in "qkv")
+            q, k, v = (heads(s[f"{p}.self_attn.{name}"]) for name in qkv)
             q, k = apply_rotary_pos_emb(q, k, cos, sin)
-            k, v = (t.expand(-1, q.shape[1], -1, -1) for t in (k, v))  # one KV head serves the rank's Q heads
+            k, v = (t.repeat_interleave(q.shape[1] // k.shape[1], dim=1) for t in (k, v))
             scores = torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(hd) + causal, dim=-1)
             out = (scores @ v).transpose(1, 2).reshape(batch, seq, -1)
             attention = attention + out @ s[f"{p}.self_attn.o_proj.weight"].T
@@ -211,20 +225,154 @@ def tensor_parallel_logits(states, lay: NxdtLayout, config: LlamaConfig, ids: to
             gate, up = torch.chunk(s[f"{p}.mlp.gate_up_proj.weight"], 2)
             mlp = mlp + (torch.nn.functional.silu(h @ gate.T) * (h @ up.T)) @ s[f"{p}.mlp.down_proj.weight"].T
         x = x + mlp
-    last = [states[(t, PP - 1)] for t in range(TP)]
+    last = [states[(t, lay.pp - 1)] for t in range(tp)]
     x = rms_norm(x, last[0]["model.norm.weight"], eps)
     return torch.cat([x @ s["lm_head.weight"].T for s in last], dim=-1)
 
 
-@pytest.mark.parametrize("backend", ["trn1", "trn2"])
-def test_logits_from_the_shards_match_the_hf_model(hf_model, tmp_path, backend):
+IDS = torch.randint(0, 128, (2, 16), generator=torch.Generator().manual_seed(1))
+
+
+@pytest.mark.parametrize("backend, qkv_linear", [("trn1", True), ("trn2", True), ("trn1", False)])
+def test_logits_from_the_shards_match_the_hf_model(hf_model, tmp_path, backend, qkv_linear):
     model, src = hf_model
-    states = shards(to_nxdt(src, tmp_path / "nxdt", backend))
-    ids = torch.randint(0, 128, (2, 16), generator=torch.Generator().manual_seed(1))
+    lay = layout(backend, qkv_linear=qkv_linear)
+    convert("hf-to-nxdt", "--input", str(src), "--output", str(tmp_path / "nxdt"), *flags(lay))
+    states = shards(tmp_path / "nxdt" / "model", lay.tp)
     with torch.no_grad():
-        expected = model(ids).logits
-        ours = tensor_parallel_logits(states, layout(backend), model.config, ids)
+        expected = model(IDS).logits
+        ours = tensor_parallel_logits(states, lay, model.config, IDS)
     torch.testing.assert_close(ours, expected, atol=1e-5, rtol=1e-4)
+
+
+# ------------------------------------------------------------------ NxD's own converter's shards
+
+
+def nxd_converter_shards(state: dict[str, torch.Tensor], lay: NxdtLayout, out: Path) -> Path:
+    """The shards NxD's ``checkpoint_converter.py --convert_from_full_state`` writes for the HF
+    ``state``, built here from whole-tensor operations as its ``convert_full_state_to_tp`` and
+    ``get_hf_to_nxd_model_keys`` lay them out (aws-neuron/neuronx-distributed
+    src/neuronx_distributed/scripts/checkpoint_converter.py, commit fbac349), independently of
+    the converter's per-head index arithmetic: every weight split in tp contiguous slices, except
+    with qkv_linear, where K/V are tiled ``kv_multiplier`` times (``.repeat``) on trn1 and trn2
+    alike, and on trn1 the blocks of Q heads (and o_proj's columns) are reordered so that rank r
+    holds block ``(r % kv) * (tp // kv) + r // kv``."""
+    tp, kv, mult = lay.tp, lay.num_kv_heads, lay.kv_multiplier
+    if lay.qkv_linear:
+        names = ("qkv_proj.weight_q", "qkv_proj.weight_k", "qkv_proj.weight_v")
+    else:
+        names = ("q_proj.weight", "k_proj.weight", "v_proj.weight")
+
+    def q_blocks(w: torch.Tensor) -> list[torch.Tensor]:
+        if lay.qkv_linear and lay.hw_backend == "trn1":
+            return list(w.reshape(kv, tp // kv, -1, w.shape[-1]).transpose(0, 1).reshape(tp, -1, w.shape[-1]))
+        return list(w.chunk(tp))
+
+    per_stage = lay.num_layers // lay.pp  # the fixture's layers divide evenly: create_partitions' split
+    (out / "model").mkdir(parents=True)
+    for r in range(tp):
+        for stage in range(lay.pp):
+            shard: dict[str, torch.Tensor] = {}
+            if stage == 0:
+                shard["model.embed_tokens.weight"] = state["model.embed_tokens.weight"].chunk(tp)[r]
+            for layer in range(stage * per_stage, (stage + 1) * per_stage):
+                p = f"model.layers.{layer}"
+                hf = {x: state[f"{p}.self_attn.{x}_proj.weight"] for x in "qkvo"}
+                q = q_blocks(hf["q"])[r]
+                k, v = ((hf[x].repeat(mult, 1) if lay.qkv_linear else hf[x]).chunk(tp)[r] for x in "kv")
+                if lay.fuse_qkv:
+                    shard[f"{p}.self_attn.qkv_proj.weight_qkv"] = torch.cat([q, k, v])
+                else:
+                    shard.update({f"{p}.self_attn.{name}": t for name, t in zip(names, (q, k, v))})
+                shard[f"{p}.self_attn.o_proj.weight"] = q_blocks(hf["o"].T)[r].T.contiguous()
+                shard[f"{p}.mlp.gate_up_proj.weight"] = torch.cat(
+                    [state[f"{p}.mlp.{x}_proj.weight"].chunk(tp)[r] for x in ("gate", "up")])
+                shard[f"{p}.mlp.down_proj.weight"] = state[f"{p}.mlp.down_proj.weight"].chunk(tp, dim=1)[r]
+                for norm in ("input_layernorm", "post_attention_layernorm"):
+                    shard[f"{p}.{norm}.weight"] = state[f"{p}.{norm}.weight"]
+            if stage == lay.pp - 1:
+                shard["model.norm.weight"] = state["model.norm.weight"]
+                shard["lm_head.weight"] = state["lm_head.weight"].chunk(tp)[r]
+            torch.save({k: t.clone() for k, t in shard.items()},
+                       out / "model" / f"dp_rank_00_tp_rank_{r:02d}_pp_rank_{stage:02d}.pt")
+    return out
+
+
+@pytest.mark.parametrize("backend, qkv_linear, fuse", [
+    ("trn1", True, False), ("trn1", True, True), ("trn1", False, False), ("trn2", False, False)])
+def test_shards_as_nxds_converter_writes_them_both_ways(hf_model, tmp_path, backend, qkv_linear, fuse):
+    """hf-to-nxdt writes what NxD's converter writes for trn1 (and for trn2 where it replicates no
+    KV head), key for key and value for value; nxdt-to-hf gives those shards back as the HF model."""
+    model, src = hf_model
+    lay = layout(backend, fuse=fuse, qkv_linear=qkv_linear)
+    theirs = shards(nxd_converter_shards(model.state_dict(), lay, tmp_path / "nxd") / "model", lay.tp)
+    convert("hf-to-nxdt", "--input", str(src), "--output", str(tmp_path / "ours"), *flags(lay), "--verify")
+    ours = shards(tmp_path / "ours" / "model", lay.tp)
+    for where, state in theirs.items():
+        assert sorted(ours[where]) == sorted(state), where
+        assert all(torch.equal(ours[where][key], tensor) for key, tensor in state.items()), where
+    record = json.loads(convert("nxdt-to-hf", "--input", str(tmp_path / "nxd"), "--config", str(src / "config.json"),
+                                "--output", str(tmp_path / "back"), *flags(lay), "--verify").stdout)
+    assert record["verified_tensors"] == len(model.state_dict())
+    back = LlamaForCausalLM.from_pretrained(tmp_path / "back").state_dict()
+    assert all(torch.equal(back[key], tensor) for key, tensor in model.state_dict().items())
+
+
+def test_trn2_shards_from_nxds_converter_are_refused_in_one_line(hf_model, tmp_path):
+    """NxD's converter tiles replicated K/V on trn2, where NxD's model interleaves them: most ranks'
+    query heads would attend with another group's KV head (the logits show it), so the way back
+    names that placement in one line instead of reassembling a model from it."""
+    model, src = hf_model
+    lay = layout("trn2")
+    theirs = nxd_converter_shards(model.state_dict(), lay, tmp_path / "nxd")
+    with torch.no_grad():
+        wrong = tensor_parallel_logits(shards(theirs / "model"), lay, model.config, IDS)
+        assert not torch.allclose(wrong, model(IDS).logits, atol=1e-3)
+    out = convert("nxdt-to-hf", "--input", str(theirs), "--config", str(src / "config.json"), "--output",
+                  str(tmp_path / "back"), *flags(lay), check=False)
+    assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1, out.stderr
+    assert ("model.layers.0: the shards hold K/V tiled (tp rank r holds KV head r % 2), as NxD's "
+            "checkpoint_converter.py writes them for trn1 and trn2 alike") in out.stderr
+    assert "pair query heads with the wrong KV group" in out.stderr and "--hw-backend trn1" in out.stderr
+    assert not (tmp_path / "back").exists()
+
+    # The other way round: trn2's interleaved K/V read as trn1's are named too, with the fix.
+    convert("hf-to-nxdt", "--input", str(src), "--output", str(tmp_path / "trn2"), *flags(lay))
+    out = convert("nxdt-to-hf", "--input", str(tmp_path / "trn2"), "--config", str(src / "config.json"),
+                  "--output", str(tmp_path / "back"), *flags(layout("trn1")), check=False)
+    assert out.returncode == 2 and ("the shards hold K/V interleaved (tp rank r holds KV head r // 2), as trn2's "
+                                    "model places them; --hw-backend trn1 expects them tiled") in out.stderr
+    assert "pass --hw-backend trn2" in out.stderr
+
+
+@pytest.mark.parametrize("written, given, message", [
+    (dict(), dict(qkv_linear=False),
+     "the shards hold self_attn.qkv_proj.weight_q/k/v (qkv_linear: true, fuse_qkv: false); --no-qkv-linear expects "
+     "self_attn.q_proj.weight/k_proj.weight/v_proj.weight (qkv_linear: false, fuse_qkv: false): omit --no-qkv-linear"),
+    (dict(qkv_linear=False), dict(),
+     "the shards hold self_attn.q_proj.weight/k_proj.weight/v_proj.weight (qkv_linear: false, fuse_qkv: false); "
+     "without --fuse-qkv or --no-qkv-linear the converter expects self_attn.qkv_proj.weight_q/k/v "
+     "(qkv_linear: true, fuse_qkv: false): pass --no-qkv-linear"),
+    (dict(fuse=True), dict(qkv_linear=False),
+     "the shards hold self_attn.qkv_proj.weight_qkv (qkv_linear: true, fuse_qkv: true); --no-qkv-linear expects "
+     "self_attn.q_proj.weight/k_proj.weight/v_proj.weight (qkv_linear: false, fuse_qkv: false): omit "
+     "--no-qkv-linear and pass --fuse-qkv"),
+    (dict(), dict(fuse=True),
+     "the shards hold self_attn.qkv_proj.weight_q/k/v (qkv_linear: true, fuse_qkv: false); --fuse-qkv expects "
+     "self_attn.qkv_proj.weight_qkv (qkv_linear: true, fuse_qkv: true): omit --fuse-qkv"),
+])
+def test_shards_in_another_qkv_layout_are_named_with_the_flag_that_fixes_it(hf_model, tmp_path, written, given,
+                                                                           message):
+    _, src = hf_model
+    # tp 2 without replication: every layout of the fixture is valid at these sizes
+    write, read = (NxdtLayout(4, 8, 2, 8, tp=2, pp=PP, hw_backend="trn1", **{
+        "fuse_qkv": kw.get("fuse", False), "qkv_linear": kw.get("qkv_linear", True)}) for kw in (written, given))
+    convert("hf-to-nxdt", "--input", str(src), "--output", str(tmp_path / "n"), *flags(write))
+    out = convert("nxdt-to-hf", "--input", str(tmp_path / "n"), "--config", str(src / "config.json"), "--output",
+                  str(tmp_path / "back"), *flags(read), check=False)
+    assert out.returncode == 2 and "Traceback" not in out.stderr and "KeyError" not in out.stderr, out.stderr
+    assert f"error: dp_rank_00_tp_rank_00_pp_rank_00.pt: {message}\n" == out.stderr
+    assert not (tmp_path / "back").exists()
 
 
 def test_pipeline_cuts_place_layers_like_the_training_config(hf_model, tmp_path):
@@ -315,17 +463,18 @@ def test_verify_and_the_way_back_check_every_copy_and_every_source_tensor(hf_mod
     with pytest.raises(ConvertError, match=f"{shard.name}: model.layers.0.self_attn.qkv_proj.weight_k differs"):
         verify(HFCheckpoint(src), model_dir, layout("trn2"))
     state["model.layers.0.self_attn.qkv_proj.weight_k"] = original
+    torch.save(state, shard)
+    # Flags that do not describe the checkpoint (one pipeline stage where it has two): named, no traceback.
+    out = convert("nxdt-to-hf", "--input", str(tmp_path / "good"), "--config", str(src / "config.json"),
+                  "--output", str(tmp_path / "back"), *base, "--pp", "1", check=False)
+    assert out.returncode == 2 and "does not match --tp/--pp/--kv-multiplier/--fuse-qkv/--qkv-linear" in out.stderr
+    assert "model.layers.2" in out.stderr and "Traceback" not in out.stderr and not (tmp_path / "back").exists()
     state["model.layers.0.input_layernorm.weight"][3] = 7.0
     torch.save(state, shard)
     out = convert("nxdt-to-hf", "--input", str(tmp_path / "good"), "--config", str(src / "config.json"),
                   "--output", str(tmp_path / "back"), *base, check=False)
     assert out.returncode == 2, out.stderr
     assert f"{shard.name}: model.layers.0.input_layernorm.weight differs from tp rank 0's copy" in out.stderr
-    # Flags that do not describe the checkpoint (it holds weight_q/k/v, not a fused QKV): named, no traceback.
-    out = convert("nxdt-to-hf", "--input", str(tmp_path / "good"), "--config", str(src / "config.json"),
-                  "--output", str(tmp_path / "back"), *base, "--fuse-qkv", check=False)
-    assert out.returncode == 2 and "does not match --tp/--pp/--kv-multiplier/--fuse-qkv" in out.stderr
-    assert "weight_qkv" in out.stderr and "Traceback" not in out.stderr and not (tmp_path / "back").exists()
 
     # A source tensor the layout has no place for (a bias) is not silently dropped.
     extra = tmp_path / "extra"
@@ -376,6 +525,20 @@ def test_kv_multiplier_rules_name_whose_rule_is_broken(kv_heads, head_dim, tp, m
         NxdtLayout(4, 8, kv_heads, head_dim, tp=tp, kv_multiplier=mult)
 
 
+@pytest.mark.parametrize("extra, message", [
+    (["--tp", "2", "--fuse-qkv"], "model.fuse_qkv=true needs model.qkv_linear=true"),
+    (["--tp", "4", "--kv-multiplier", "2"], "parallel.kv_replicator=2 needs model.qkv_linear=true"),
+])
+def test_without_qkv_linear_what_nxdt_cannot_build_is_refused_before_reading(hf_model, tmp_path, capsys, extra,
+                                                                              message):
+    _, src = hf_model
+    args = ["hf-to-nxdt", "--input", str(src), "--output", str(tmp_path / "o"), "--hw-backend", "trn1",
+            "--no-qkv-linear", *extra]
+    assert converter.main(args) == 2
+    assert f"error: --tp/--pp/--kv-multiplier/--fuse-qkv/--qkv-linear: {message}" in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()
+
+
 # ------------------------------------------------------------------ config.json against the spec
 
 
@@ -407,6 +570,25 @@ def test_the_rendered_command_refuses_a_checkpoint_the_spec_does_not_describe(hf
             "intermediate_size is 96, the spec says 128. Point model.init_from at the checkpoint the spec describes, "
             "or fix the spec's model section") in done.stderr
     assert not (tmp_path / "wrong").exists()
+
+
+@pytest.mark.parametrize("overrides, names", [
+    ((), ["qkv_proj.weight_qkv"]),
+    (("model.qkv_linear=false", "model.fuse_qkv=false", "parallel.tp=2", "parallel.kv_replicator=1"),
+     ["k_proj.weight", "q_proj.weight", "v_proj.weight"]),
+])
+def test_the_yaml_and_the_shards_take_the_attention_layout_from_one_spec(hf_model, tmp_path, overrides, names):
+    """model.qkv_linear and model.fuse_qkv render the NxDT YAML's values and the converter's key
+    layout alike: the shards hold the Q/K/V tensors the model the YAML configures loads."""
+    _, src = hf_model
+    spec = fixture_spec(src, *overrides)
+    yaml_model = nxdt_config(spec, "/data", init_checkpoint=str(tmp_path / "out"))["model"]
+    assert (yaml_model["qkv_linear"], yaml_model["fuse_qkv"]) == (spec.model.qkv_linear, spec.model.fuse_qkv)
+    done = subprocess.run(convert_command(spec, str(src), str(tmp_path / "out")), capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    shard = torch.load(tmp_path / "out" / "model" / "dp_rank_00_tp_rank_01_pp_rank_00.pt", weights_only=True)
+    assert sorted(k.removeprefix("model.layers.0.self_attn.") for k in shard
+                  if k.startswith("model.layers.0.self_attn.") and "o_proj" not in k) == names
 
 
 def test_expectations_apply_to_the_way_back_and_must_be_well_formed(hf_model, tmp_path, capsys):

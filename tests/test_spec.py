@@ -151,6 +151,26 @@ def test_the_spec_and_the_converter_refuse_a_kv_layout_in_the_same_words():
         assert str(converter.value) in rejected("llama3-70b", *overrides)
 
 
+def test_attention_without_qkv_linear_is_refused_where_nxdt_cannot_build_it():
+    """NxDT's Llama without qkv_linear has plain q_proj/k_proj/v_proj layers: no fused QKV, no KV
+    replication. The spec and the converter refuse those combinations in the same words."""
+    from trainer.nxdt_layout import LayoutError, NxdtLayout
+
+    for overrides, fuse, mult, message in [
+            (("model.qkv_linear=false",), True, 4,
+             "model.fuse_qkv=true needs model.qkv_linear=true: without it NxDT's Llama ignores fuse_qkv"),
+            (("model.qkv_linear=false", "model.fuse_qkv=false"), False, 4,
+             "parallel.kv_replicator=4 needs model.qkv_linear=true: with qkv_linear false NxDT's k_proj/v_proj hold "
+             "each KV head once and replicate none; set parallel.kv_replicator=1 or model.qkv_linear=true")]:
+        with pytest.raises(LayoutError) as converter:
+            NxdtLayout(80, 64, 8, 128, tp=32, pp=8, kv_multiplier=mult, fuse_qkv=fuse, qkv_linear=False)
+        assert message in str(converter.value) and str(converter.value) in rejected("llama3-70b", *overrides)
+    # 8 KV heads over tp 8 need no replication: a layout NxDT builds without qkv_linear.
+    spec = load_spec("llama3-70b", ["model.qkv_linear=false", "model.fuse_qkv=false", "parallel.kv_replicator=1",
+                                    "parallel.tp=8"])
+    assert spec.model.qkv_linear is False
+
+
 def test_kv_replication_constraints():
     assert "parallel.kv_replicator=3 must divide parallel.tp=32" in rejected(
         "llama3-70b", "parallel.kv_replicator=3")

@@ -2,9 +2,10 @@
 layout and back.
 
     python -m trainer convert hf-to-nxdt --input HF_DIR --output OUT --tp 32 --pp 8 \\
-        --kv-multiplier 4 --hw-backend trn1 [--fuse-qkv] [--pipeline-cuts model.layers.18 ...] [--xser] [--verify]
+        --kv-multiplier 4 --hw-backend trn1 [--fuse-qkv | --no-qkv-linear] [--pipeline-cuts model.layers.18 ...] \\
+        [--xser] [--verify]
     python -m trainer convert nxdt-to-hf --input OUT --config HF_DIR/config.json --output HF_OUT \\
-        --tp 32 --pp 8 --kv-multiplier 4 --hw-backend trn1 [--fuse-qkv] [--verify]
+        --tp 32 --pp 8 --kv-multiplier 4 --hw-backend trn1 [--fuse-qkv | --no-qkv-linear] [--verify]
 
 ``--expect num_hidden_layers=80 hidden_size=8192 ...`` refuses a config.json that differs from
 the shape the training configuration was rendered with.
@@ -37,7 +38,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from trainer import xser as xser_format
-from trainer.nxdt_layout import LayoutError, NxdtLayout
+from trainer.nxdt_layout import QKV_NAMES, LayoutError, NxdtLayout
 from trainer.records import emit
 
 ATTN, MLP = "self_attn", "mlp"
@@ -213,9 +214,9 @@ def layout_from(config: dict, args: argparse.Namespace) -> NxdtLayout:
             num_layers=config["num_hidden_layers"], num_heads=config["num_attention_heads"],
             num_kv_heads=config["num_key_value_heads"], head_dim=config["head_dim"],
             tp=args.tp, pp=args.pp, kv_multiplier=args.kv_multiplier, hw_backend=args.hw_backend,
-            fuse_qkv=args.fuse_qkv, pipeline_cuts=cuts)
+            fuse_qkv=args.fuse_qkv, qkv_linear=args.qkv_linear, pipeline_cuts=cuts)
     except LayoutError as exc:
-        raise ConvertError(f"--tp/--pp/--kv-multiplier: {exc}") from None
+        raise ConvertError(f"--tp/--pp/--kv-multiplier/--fuse-qkv/--qkv-linear: {exc}") from None
 
 
 def check_shapes(ckpt: HFCheckpoint, layout: NxdtLayout) -> None:
@@ -265,9 +266,10 @@ def shard_items(ckpt: HFCheckpoint, layout: NxdtLayout, tp_rank: int, pp_rank: i
         k = _heads(ckpt, f"{p}.{ATTN}.k_proj.weight", layout.kv_heads(tp_rank), hd, 0)
         v = _heads(ckpt, f"{p}.{ATTN}.v_proj.weight", layout.kv_heads(tp_rank), hd, 0)
         if layout.fuse_qkv:
-            yield f"{p}.{ATTN}.qkv_proj.weight_qkv", _cat([q, k, v])
+            (name,) = layout.qkv_names
+            yield f"{p}.{ATTN}.{name}", _cat([q, k, v])
         else:
-            yield from ((f"{p}.{ATTN}.qkv_proj.weight_{x}", t) for x, t in zip("qkv", (q, k, v)))
+            yield from ((f"{p}.{ATTN}.{name}", t) for name, t in zip(layout.qkv_names, (q, k, v)))
         yield f"{p}.{ATTN}.o_proj.weight", _heads(ckpt, f"{p}.{ATTN}.o_proj.weight", layout.q_heads(tp_rank), hd, 1)
         rows = (tp_rank * ffn_rows, (tp_rank + 1) * ffn_rows)
         yield f"{p}.{MLP}.gate_up_proj.weight", _cat([ckpt.rows(f"{p}.{MLP}.gate_proj.weight", *rows),
@@ -446,10 +448,82 @@ def _replicated(shards: list[dict[str, torch.Tensor]], key: str, pp_rank: int) -
     return shards[0][key]
 
 
+def _qkv(layout: NxdtLayout, shard: dict[str, torch.Tensor], prefix: str) -> tuple[torch.Tensor, ...]:
+    """One rank's Q, K and V rows of the layer ``prefix``."""
+    tensors = [shard[f"{prefix}.{ATTN}.{name}"] for name in layout.qkv_names]
+    if not layout.fuse_qkv:
+        return tuple(tensors)
+    # Split by the known sizes: q and k/v parts differ in size under GQA.
+    q_rows, kv_rows = layout.q_heads_per_rank * layout.head_dim, layout.kv_heads_per_rank * layout.head_dim
+    return torch.split(tensors[0], [q_rows, kv_rows, kv_rows])
+
+
+def _describe_qkv(qkv_linear: bool, fuse_qkv: bool) -> str:
+    names = QKV_NAMES[qkv_linear, fuse_qkv]
+    common = os.path.commonprefix(names) if len(names) > 1 else ""
+    named = common + "/".join(name[len(common):] for name in names)
+    return f"self_attn.{named} (qkv_linear: {str(qkv_linear).lower()}, fuse_qkv: {str(fuse_qkv).lower()})"
+
+
+def _check_qkv_names(layout: NxdtLayout, shard: dict[str, torch.Tensor], prefix: str, name: str) -> None:
+    """Shards whose Q/K/V are named as another layout names them: both layouts and the flag that
+    fixes it are named (a missing key alone would not say which flag is wrong)."""
+    def holds(names: tuple[str, ...]) -> bool:
+        return all(f"{prefix}.{ATTN}.{n}" in shard for n in names)
+
+    expected = layout.qkv_linear, layout.fuse_qkv
+    found = next((key for key, names in QKV_NAMES.items() if holds(names)), None)
+    if holds(layout.qkv_names) or found is None:  # neither: the missing tensor is named when it is read
+        return
+    given = " ".join(flag for flag, on in (("--fuse-qkv", expected[1]), ("--no-qkv-linear", not expected[0])) if on)
+    fixes = []
+    if found[0] != expected[0]:
+        fixes.append("omit --no-qkv-linear" if found[0] else "pass --no-qkv-linear")
+    if found[1] != expected[1]:
+        fixes.append("pass --fuse-qkv" if found[1] else "omit --fuse-qkv")
+    raise ConvertError(f"{name}: the shards hold {_describe_qkv(*found)}; "
+                       f"{given or 'without --fuse-qkv or --no-qkv-linear the converter'} expects "
+                       f"{_describe_qkv(*expected)}: {' and '.join(fixes)}")
+
+
+def _check_kv_placement(layout: NxdtLayout, keys: list[torch.Tensor], layer: int) -> None:
+    """Replicated K/V placed as the other backend places them: said so in one line, where the
+    per-head check would only find that copies differ. NxD's converter tiles K/V on trn1 and
+    trn2 alike (``.repeat`` in ``convert_full_state_to_tp``, aws-neuron/neuronx-distributed
+    src/neuronx_distributed/scripts/checkpoint_converter.py, commit fbac349); its trn2 model
+    interleaves them (``repeat_interleave`` in ``_initialize_affine_weight``,
+    src/neuronx_distributed/modules/qkv_linear.py)."""
+    if layout.kv_multiplier == 1:
+        return
+
+    def agrees(interleaved: bool) -> bool:
+        first: dict[int, torch.Tensor] = {}
+        return all(torch.equal(first.setdefault(layout.replicated_kv_head(rank, interleaved), k), k)
+                   for rank, k in enumerate(keys))
+
+    interleaved = layout.hw_backend == "trn2"
+    if agrees(interleaved) or not agrees(not interleaved):
+        return  # as expected, or damaged: the per-head check names the copy
+    kv, mult = layout.num_kv_heads, layout.kv_multiplier
+    if interleaved:
+        raise ConvertError(
+            f"model.layers.{layer}: the shards hold K/V tiled (tp rank r holds KV head r % {kv}), as NxD's "
+            f"checkpoint_converter.py writes them for trn1 and trn2 alike; on trn2 NxD's model interleaves K/V "
+            f"(rank r's query heads are in KV group r // {mult}), so on trn2 these shards pair query heads with the "
+            "wrong KV group and are refused: pass --hw-backend trn1 if they were written for trn1, else convert "
+            "the HF checkpoint again with --hw-backend trn2")
+    raise ConvertError(
+        f"model.layers.{layer}: the shards hold K/V interleaved (tp rank r holds KV head r // {mult}), as trn2's model "
+        f"places them; --hw-backend trn1 expects them tiled (rank r holds KV head r % {kv}): pass --hw-backend trn2")
+
+
 def unshard_stage(layout: NxdtLayout, pp_rank: int, shards: list[dict[str, torch.Tensor]],
                   config: dict) -> dict[str, torch.Tensor]:
     hd, out = layout.head_dim, {}
-    q_rows, kv_rows = layout.q_heads_per_rank * hd, layout.kv_heads_per_rank * hd
+    if layers := layout.layers_of_stage(pp_rank):  # the stage's first layer shows the layout the flags must name
+        prefix = f"model.layers.{layers[0]}"
+        _check_qkv_names(layout, shards[0], prefix, shard_name(0, pp_rank))
+        _check_kv_placement(layout, [_qkv(layout, s, prefix)[1] for s in shards], layers[0])
     if pp_rank == 0:
         out["model.embed_tokens.weight"] = torch.cat([s["model.embed_tokens.weight"] for s in shards])
     for layer in layout.layers_of_stage(pp_rank):
@@ -461,11 +535,7 @@ def unshard_stage(layout: NxdtLayout, pp_rank: int, shards: list[dict[str, torch
         o_full = torch.empty(q_full.shape[1], layout.num_heads * hd, dtype=o_shard.dtype)
         kv_seen: set[int] = set()
         for rank, s in enumerate(shards):
-            if layout.fuse_qkv:
-                # Split by the known sizes: q and k/v parts differ in size under GQA.
-                q, k, v = torch.split(s[f"{p}.{ATTN}.qkv_proj.weight_qkv"], [q_rows, kv_rows, kv_rows])
-            else:
-                q, k, v = (s[f"{p}.{ATTN}.qkv_proj.weight_{x}"] for x in "qkv")
+            q, k, v = _qkv(layout, s, p)
             for i, head in enumerate(layout.q_heads(rank)):
                 q_full[head * hd:(head + 1) * hd] = q[i * hd:(i + 1) * hd]
                 o_full[:, head * hd:(head + 1) * hd] = s[f"{p}.{ATTN}.o_proj.weight"][:, i * hd:(i + 1) * hd]
@@ -583,6 +653,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--kv-multiplier", type=int, default=1, help="NxD kv_replicator")
     p.add_argument("--hw-backend", choices=["trn1", "trn2"], required=True)
     p.add_argument("--fuse-qkv", action="store_true", help="qkv_proj.weight_qkv instead of weight_q/k/v")
+    p.add_argument("--qkv-linear", action=argparse.BooleanOptionalAction, default=True,
+                   help="NxDT's model.qkv_linear: --no-qkv-linear names Q/K/V self_attn.q_proj/k_proj/v_proj.weight, "
+                   "split in order and never replicated, as NxDT's Llama builds them without "
+                   "GQAQKVColumnParallelLinear")
     p.add_argument("--xser", action="store_true", help="hf-to-nxdt: write torch_xla's xser layout (the runbooks' "
                    "--save_xser); nxdt-to-hf reads either layout, as NxD does")
     p.add_argument("--pipeline-cuts", nargs="*", help="the YAML's pipeline_cuts, e.g. model.layers.18")
@@ -627,7 +701,7 @@ def main(argv: list[str]) -> int:
         # A tensor missing from a shard, or a fused QKV of another size: the flags do not describe
         # this checkpoint (KeyError's message is the key itself).
         shutil.rmtree(staging, ignore_errors=True)
-        print(f"error: {args.input} does not match --tp/--pp/--kv-multiplier/--fuse-qkv/--pipeline-cuts "
+        print(f"error: {args.input} does not match --tp/--pp/--kv-multiplier/--fuse-qkv/--qkv-linear/--pipeline-cuts "
               f"as given ({type(exc).__name__}: {exc}); pass the values the checkpoint was written with",
               file=sys.stderr)
         return 2

@@ -64,6 +64,27 @@ def check_converted_kv_heads(kv_heads: int, tp: int, kv_replicator: int) -> None
                          f"parallel.tp={tp}; {fix}")
 
 
+def check_qkv_layout(qkv_linear: bool, fuse_qkv: bool, kv_replicator: int) -> None:
+    """The attention layouts NxDT's Llama builds and the converter writes. NxDT builds
+    GQAQKVColumnParallelLinear (``qkv_proj.weight_q/k/v``, fused ``weight_qkv``; the one layer
+    that replicates KV heads) only when ``qkv_linear`` is true; otherwise plain
+    ``q_proj``/``k_proj``/``v_proj`` ColumnParallelLinear layers, which hold each KV head once,
+    unless fuse_qkv is set with as many KV heads as heads: then one strided ``qkv_proj.weight``
+    (``LlamaAttention.__init__`` in aws-neuron/neuronx-distributed-training
+    src/neuronx_distributed_training/models/hf_models/modeling_llama.py, commit 9169aa0)."""
+    if qkv_linear:
+        return
+    if fuse_qkv:
+        raise ValueError("model.fuse_qkv=true needs model.qkv_linear=true: without it NxDT's Llama ignores "
+                         "fuse_qkv under grouped-query attention and, with as many KV heads as heads, builds a "
+                         "strided qkv_proj.weight that the converter does not write; set model.fuse_qkv=false or "
+                         "model.qkv_linear=true")
+    if kv_replicator > 1:
+        raise ValueError(f"parallel.kv_replicator={kv_replicator} needs model.qkv_linear=true: with qkv_linear "
+                         "false NxDT's k_proj/v_proj hold each KV head once and replicate none; set "
+                         "parallel.kv_replicator=1 or model.qkv_linear=true")
+
+
 def check_native_model(family: str, heads: int, kv_heads: int) -> None:
     """What the native trainer (trainer/train/model.py) builds: GPT is Hugging Face's GPT-2."""
     if family == "gpt" and kv_heads != heads:

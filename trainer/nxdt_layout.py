@@ -15,6 +15,15 @@ NxD's own converter tiles K/V on trn2 too, which pairs most trn2 ranks with the 
 (``convert_full_state_to_tp`` in NxD's ``scripts/checkpoint_converter.py``, against
 ``_initialize_affine_weight`` in its ``modules/qkv_linear.py``); this layout follows the model
 instead.
+
+The attention's Q/K/V are named as NxDT's Llama builds them: GQAQKVColumnParallelLinear's
+``qkv_proj.weight_q/k/v`` (or fused ``weight_qkv``) under ``qkv_linear: true``, plain
+``q_proj``/``k_proj``/``v_proj`` ColumnParallelLinear weights under ``qkv_linear: false``
+(``LlamaAttention`` in aws-neuron/neuronx-distributed-training
+``src/neuronx_distributed_training/models/hf_models/modeling_llama.py``, commit 9169aa0; NxD's
+converter names them the same, ``get_hf_to_nxd_model_keys`` in its
+``scripts/checkpoint_converter.py``, commit fbac349). Without qkv_linear there is no replication
+and the heads stay in order: each rank holds a contiguous slice of Q, K and V rows.
 """
 
 from __future__ import annotations
@@ -23,7 +32,16 @@ import re
 from dataclasses import dataclass
 from typing import Literal
 
-from trainer.model_shape import check_converted_kv_heads, check_heads_over_tp, check_kv_heads_over_tp
+from trainer.model_shape import (check_converted_kv_heads, check_heads_over_tp, check_kv_heads_over_tp,
+                                 check_qkv_layout)
+
+# Q/K/V tensor names under model.layers.N.self_attn, by (qkv_linear, fuse_qkv); check_qkv_layout
+# refuses fuse_qkv without qkv_linear.
+QKV_NAMES: dict[tuple[bool, bool], tuple[str, ...]] = {
+    (True, False): ("qkv_proj.weight_q", "qkv_proj.weight_k", "qkv_proj.weight_v"),
+    (True, True): ("qkv_proj.weight_qkv",),
+    (False, False): ("q_proj.weight", "k_proj.weight", "v_proj.weight"),
+}
 
 # NxDT names a cut by the module it follows; "model.layers.018" would name no module.
 _CUT = re.compile(r"model\.layers\.(0|[1-9][0-9]*)")
@@ -44,10 +62,12 @@ class NxdtLayout:
     kv_multiplier: int = 1
     hw_backend: Literal["trn1", "trn2"] = "trn1"
     fuse_qkv: bool = False
+    qkv_linear: bool = True
     pipeline_cuts: tuple[int, ...] = ()  # index of the last layer of each stage but the last
 
     def __post_init__(self) -> None:
         try:  # the spec asks the same rules, before anything is queued
+            check_qkv_layout(self.qkv_linear, self.fuse_qkv, self.kv_multiplier)
             check_heads_over_tp(self.num_heads, self.tp)
             check_kv_heads_over_tp(self.num_kv_heads, self.tp, self.kv_multiplier)
             check_converted_kv_heads(self.num_kv_heads, self.tp, self.kv_multiplier)
@@ -93,6 +113,11 @@ class NxdtLayout:
     # ---------------------------------------------------------------- tensor parallel heads
 
     @property
+    def qkv_names(self) -> tuple[str, ...]:
+        """The names of a layer's Q/K/V tensors under ``self_attn``."""
+        return QKV_NAMES[self.qkv_linear, self.fuse_qkv]
+
+    @property
     def q_heads_per_rank(self) -> int:
         return self.num_heads // self.tp
 
@@ -116,6 +141,10 @@ class NxdtLayout:
         if self.kv_multiplier == 1:
             m = self.kv_heads_per_rank
             return list(range(rank * m, (rank + 1) * m))
-        if self.hw_backend == "trn2":
-            return [rank // self.kv_multiplier]
-        return [rank % self.num_kv_heads]
+        return [self.replicated_kv_head(rank, interleaved=self.hw_backend == "trn2")]
+
+    def replicated_kv_head(self, rank: int, interleaved: bool) -> int:
+        """Under replication (one KV head a rank), the head rank ``rank`` holds when K/V are
+        interleaved (``repeat_interleave``: trn2's model) or tiled (``repeat``: trn1's model, and
+        NxD's converter on either backend)."""
+        return rank // self.kv_multiplier if interleaved else rank % self.num_kv_heads
