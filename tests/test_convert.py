@@ -10,6 +10,8 @@ examples/training/llama/tp_pp_llama_hf_pretrain/70B_config_llama3/config.json)."
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import math
 import subprocess
@@ -49,8 +51,20 @@ def hf_model(tmp_path_factory):
     return model, directory
 
 
-def convert(*args: str, check: bool = True) -> subprocess.CompletedProcess:
-    out = subprocess.run([*CONVERT, *args], capture_output=True, text=True)
+def convert(*args: str, check: bool = True, command: bool = False) -> subprocess.CompletedProcess:
+    """``python -m trainer convert ARGS``: its status, stdout and stderr. Run as the command only
+    where ``command`` says so; otherwise its ``main`` runs in this process, which has torch
+    imported already (each command spends seconds importing it again, 32 times in this module)."""
+    if command:
+        out = subprocess.run([*CONVERT, *args], capture_output=True, text=True)
+    else:
+        stdout, stderr = io.StringIO(), io.StringIO()
+        with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+            try:
+                status = converter.main(list(args))
+            except SystemExit as exc:  # argparse's usage errors
+                status = exc.code
+        out = subprocess.CompletedProcess([*CONVERT, *args], status, stdout.getvalue(), stderr.getvalue())
     if check:
         assert out.returncode == 0, out.stderr
     return out
@@ -118,9 +132,10 @@ def test_round_trip_is_the_identity(hf_model, tmp_path, backend, fuse, dtype):
         model.save_pretrained(tmp_path / "src", safe_serialization=True)
         src = tmp_path / "src"
     extra = ["--fuse-qkv"] if fuse else []
+    # the command itself, as the convert stage's job runs it
     record = json.loads(convert("hf-to-nxdt", "--input", str(src), "--output", str(tmp_path / "n"), "--tp", str(TP),
                                 "--pp", str(PP), "--kv-multiplier", str(MULT), "--hw-backend", backend,
-                                "--verify", *extra).stdout)
+                                "--verify", *extra, command=True).stdout)
     assert record["shards"] == TP * PP and record["verified_tensors"] == len(model.state_dict())
     convert("nxdt-to-hf", "--input", str(tmp_path / "n"), "--config", str(src / "config.json"), "--output",
             str(tmp_path / "back"), "--tp", str(TP), "--pp", str(PP), "--kv-multiplier", str(MULT),

@@ -256,13 +256,14 @@ def baseline(corpus, tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def dp_baseline(corpus, tmp_path_factory) -> dict[int, float]:
-    """Per-step losses of an uninterrupted run under torchrun: two data-parallel ranks (FSDP2, gloo)."""
+def dp_baseline(corpus, tmp_path_factory) -> Path:
+    """An uninterrupted run under torchrun: two data-parallel ranks (FSDP2, gloo), with the
+    checkpoints they wrote together."""
     run = tmp_path_factory.mktemp("dp-baseline")
-    write_config(run, train_config(run, corpus))
+    write_config(run, train_config(run, corpus, export_hf=None))
     assert_finished(train(run, nproc=2))
     assert logged_steps(run) == list(range(1, STEPS + 1))
-    return losses(run)
+    return run
 
 
 def copy_run(source: Path, run: Path, corpus: str) -> None:
@@ -324,7 +325,7 @@ def test_stop_signal_then_crash_resume_exactly_under_torchrun(corpus, dp_baselin
     assert_finished(done)
     assert [e["from_step"] for e in events(run, "resumed")] == [stop, resume_from]
     assert logged_steps(run) == list(range(1, STEPS + 1))
-    assert_losses_match(run, dp_baseline, 1e-5)
+    assert_losses_match(run, losses(dp_baseline), 1e-5)
     assert json.loads((run / "record.json").read_text())["resumed_from"] == resume_from
 
 
@@ -354,6 +355,37 @@ def test_stop_signal_reaching_one_rank_stops_every_rank_at_the_same_step(corpus,
     assert [e["step"] for e in events(run, "stopped")] == [stop]
     assert latest_complete(run) == stop == max(logged_steps(run))
     assert_sealed(step_dir(run / "checkpoints", stop))
+
+
+def catches(pid: int, sig: int) -> bool:
+    """Whether the process has a handler for ``sig`` (its SigCgt mask, /proc/PID/status)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return False
+    mask = int(next(line.split()[1] for line in status.splitlines() if line.startswith("SigCgt:")), 16)
+    return bool(mask >> (sig - 1) & 1)
+
+
+def test_a_stop_signal_during_the_imports_stops_the_run_after_its_first_step(corpus, tmp_path):
+    """Slurm signals every process of a job step at once: a rank still importing torch (seconds
+    here, minutes from a cluster's shared filesystem) when the time limit's SIGUSR2 comes is not
+    killed by it. It trains its first step, saves it and exits 3, as for a signal that comes later."""
+    run = tmp_path / "run"
+    write_config(run, train_config(run, corpus, export_hf=None))
+    proc = start(run)
+    try:
+        wait_until(lambda: catches(proc.pid, signal.SIGUSR2), proc, run, timeout=60)
+        assert "libtorch" not in Path(f"/proc/{proc.pid}/maps").read_text(), "torch was imported already"
+        proc.send_signal(signal.SIGUSR2)
+        rc = proc.wait(120)
+    finally:
+        kill_all(proc)
+    log = (run / "log").read_text()
+    assert rc == 3, log[-4000:]
+    record = json.loads((run / "record.json").read_text())
+    assert (record["status"], record["signal"], record["step"]) == ("stopped", "SIGUSR2", 1), record
+    assert logged_steps(run) == [1] and latest_complete(run) == 1
 
 
 def test_a_run_without_a_final_checkpoint_writes_none(corpus, tmp_path):
@@ -402,20 +434,19 @@ def test_corrupted_shard_fails_naming_the_file(corpus, baseline, tmp_path):
     assert record["status"] == "failed" and str(shard) in record["reason"], record
 
 
-def test_ranks_share_checking_a_checkpoint_and_each_names_the_damage(corpus, tmp_path):
+def test_ranks_share_checking_a_checkpoint_and_each_names_the_damage(corpus, dp_baseline, tmp_path):
     """At resume every rank checks a share of the files, not all of them; damage one rank finds
     reaches the others, so rank 0's failure record names the file rank 1 checked."""
     run = tmp_path / "run"
-    write_config(run, train_config(run, corpus, steps=INTERVAL, export_hf=None))
-    assert_finished(train(run, nproc=2))
-    checkpoint = step_dir(run / "checkpoints", INTERVAL)
+    copy_run(dp_baseline, run, corpus)
+    checkpoint = step_dir(run / "checkpoints", STEPS)
     files = sorted(json.loads((checkpoint / MARKER).read_text())["files"])
     damaged = checkpoint / files[1]  # the second file: rank 1 of 2 checks it
     data = bytearray(damaged.read_bytes())
     data[len(data) // 2] ^= 0xFF
     damaged.write_bytes(bytes(data))
 
-    write_config(run, train_config(run, corpus, steps=INTERVAL + 2, export_hf=None))
+    write_config(run, train_config(run, corpus, steps=STEPS + 2, export_hf=None))
     done = train(run, nproc=2)
     # every rank writes (and prints) the failure record: each one names the file
     records = [json.loads(line) for line in done.output.splitlines() if line.startswith('{"status": "failed"')]

@@ -12,6 +12,11 @@ def main() -> int:
     if len(sys.argv) < 2 or sys.argv[1] not in commands:
         print(f"usage: python -m trainer {{{','.join(commands)}}} ...", file=sys.stderr)
         return 2
+    if sys.argv[1] == "train":
+        # before the imports of torch and the model code, which a stop signal would otherwise end
+        from trainer.train import stop_signals
+
+        stop_signals.catch()
     import importlib
 
     return importlib.import_module(commands[sys.argv[1]]).main(sys.argv[2:])

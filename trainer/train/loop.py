@@ -20,6 +20,7 @@ from torch.distributed.checkpoint.stateful import Stateful
 from trainer.run_layout import grad_accumulation
 from trainer.train import device as devices
 from trainer.train import model as models
+from trainer.train import stop_signals
 from trainer.train.checkpoint import Checkpointer, ModelAndOptimizer
 from trainer.train.config import TrainConfig
 from trainer.train.data import BatchLoader, build_datasets
@@ -30,7 +31,6 @@ from trainer.train.parallelize import build_mesh, clip_gradients, parallelize
 # Exit status of a run that saved a checkpoint and stopped on a signal (time limit ahead,
 # preemption): not finished, resumable. The job layer resubmits; the run resumes.
 EXIT_STOPPED = 3
-STOP_SIGNALS = (signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM)
 
 
 class NonFiniteLoss(RuntimeError):
@@ -80,12 +80,14 @@ def _init_distributed(device: torch.device) -> None:
 class Trainer:
     def __init__(self, cfg: TrainConfig):
         self.cfg = cfg
-        # First of all: a stop signal during start-up (loading, resuming) is honoured after the
-        # first step instead of killing the rank.
+        # First of all: a stop signal during start-up (imports: stop_signals.catch() in
+        # trainer/__main__.py; loading, resuming: this handler) is honoured after the first step
+        # instead of killing the rank.
         self.stop_signal: int | None = None
         self.stopping = False  # every rank's common decision, from the step's all-reduce
-        for sig in STOP_SIGNALS:
+        for sig in stop_signals.STOP_SIGNALS:
             signal.signal(sig, self._on_stop_signal)
+        self.stop_signal = self.stop_signal or stop_signals.noted()
         self.device = devices.resolve(cfg.device)
         if cfg.parallel.float8:
             devices.check_float8(self.device)
