@@ -23,8 +23,12 @@ LANE_LOCK = Path(os.environ.get("PRETRAIN_TEST_LOCK", "/tmp/pretrain-tests.lock"
 
 
 def pytest_collection_modifyitems(items):
+    """Modules slowest first; in each module the tests marked ``alone`` first: while one runs the
+    other worker waits, and at the start of a module it waits for the other worker's current test
+    once, not once for each such test as they come up between the module's others."""
     rank = {name: i for i, name in enumerate(SLOWEST_FIRST)}
-    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: file order kept otherwise
+    # stable: file order kept otherwise
+    items.sort(key=lambda item: (rank.get(item.path.name, len(rank)), item.get_closest_marker("alone") is None))
 
 
 @contextlib.contextmanager
@@ -40,8 +44,8 @@ def _locked(path: Path, mode: int):
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_protocol(item, nextitem):
     """A test marked ``alone`` runs with nothing else of the suite beside it: it needs the Slurm
-    node idle (it fills, preempts or drains it) or it judges time against the machine's CPUs
-    (hang detection, throughput). Every other test holds the lock shared. Held around the whole
+    node idle (it preempts or drains it) or it judges time against the machine's CPUs (a
+    trainer's start-up against a time limit, throughput). Every other test holds the lock shared. Held around the whole
     protocol, so a module's fixtures set up on the other worker wait too; the turnstile gives an
     ``alone`` test priority: while one waits, no test takes the shared lock anew."""
     turnstile = LANE_LOCK.with_suffix(".turnstile")

@@ -112,10 +112,12 @@ def tiny_local(worker, local_stack, tmp_path_factory) -> list[str]:
     # The S3 server takes any key; this one is distinctive, so a test can look for it where it must not be.
     save_credentials_block(local_stack["PRETRAIN_S3_ENDPOINT"], secret=SECRET)
     tokenizer = llama3_style(tmp_path_factory.mktemp("tokenizer"), corpus_texts())
-    # Eager: the compile warm-up and a training that compiles nothing are the demo's test
-    # (test_pretrain_flow); these runs show what the worker, the server and the UI do with a run.
+    # Eager, on one rank: the compile warm-up, a training that compiles nothing and two data
+    # parallel ranks are the demo's test (test_pretrain_flow); these runs show what the worker,
+    # the server and the UI do with a run.
     return [f"tokenizer.path={tokenizer}", "training.train_steps=8", "training.checkpoint_interval=4",
-            "training.eval_interval=4", "training.eval_iters=2", "backend.native.compile=false"]
+            "training.eval_interval=4", "training.eval_iters=2", "backend.native.compile=false",
+            "cluster.devices_per_node=1"]
 
 
 def run_deployment(worker, name: str, parameters: dict | None = None, *, param: dict[str, str] | None = None) -> str:
@@ -365,8 +367,8 @@ def test_nightly_benchmark_passes_against_its_baseline_and_fails_naming_a_slowdo
 def endless(tiny_local: list[str], name: str, *extra: str) -> list[str]:
     """Overrides for a tiny-local run that trains until it is stopped, under a name of its own:
     its train job, ``{name}-train``, is never taken for another test's (make test runs a second
-    module beside this one). One process: what is tested is the stop, not data parallelism."""
-    return [*tiny_local, f"name={name}", "training.train_steps=100000", "cluster.devices_per_node=1", *extra]
+    module beside this one)."""
+    return [*tiny_local, f"name={name}", "training.train_steps=100000", *extra]
 
 
 def gone_within(job: str, job_name: str, seconds: float) -> bool:
