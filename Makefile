@@ -48,12 +48,12 @@ stack-down: setup
 demo: setup
 	$(VENV)/bin/pretrain demo
 
-# Two workers beside one stack: the suite waits on Slurm and Prefect about half its time, and a
-# worker's waiting is the other's computing. Whole modules per worker, slowest first (their
-# module fixtures are set up once); tests marked `alone` run with nothing beside them
-# (tests/conftest.py).
+# Three workers beside one stack on two cores: much of the suite waits (on Slurm's scheduling,
+# time limits and signals, on hang and lease timeouts, on Prefect), and a worker's waiting is
+# the others' computing. Whole modules per worker, slowest first (their module fixtures are set
+# up once); tests marked `alone` run with nothing beside them (tests/conftest.py).
 test: stack-up node-deps
-	$(VENV)/bin/python -m pytest -n 2 --dist loadfile --no-loadscope-reorder
+	$(VENV)/bin/python -m pytest -n 3 --dist loadfile --no-loadscope-reorder
 
 # The edit-test loop: the pure tests (pytest.mark.pure), with no stack and no Prefect server, on
 # two workers: they compute (converter, tokenizer, trainer subprocesses) and use both cores.

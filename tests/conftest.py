@@ -1,5 +1,5 @@
 """Shared fixtures: the real local stack (Slurm, S3) and a Prefect API for the whole run, and
-the rules that let `make test` run the suite on two pytest-xdist workers (`--dist loadfile`)
+the rules that let `make test` run the suite on three pytest-xdist workers (`--dist loadfile`)
 beside one stack."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from pathlib import Path
 import boto3
 import pytest
 
-# The modules that take longest go first, so that the two workers finish together: loadfile hands
+# The modules that take longest go first, so that the workers finish together: loadfile hands
 # out whole modules in collection order, one to each worker as it frees up. (Measured with
 # `pytest --durations=0`; docs/benchmarks.md.)
 SLOWEST_FIRST = ("test_deployments.py", "test_train_task.py", "test_train_loop.py", "test_pretrain_flow.py",
@@ -41,20 +41,59 @@ def _locked(path: Path, mode: int):
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
+TURNSTILE = LANE_LOCK.with_suffix(".turnstile")
+
+
+def _alone(item) -> bool:
+    return item.get_closest_marker("alone") is not None
+
+
+@contextlib.contextmanager
+def _shared():
+    """The lane lock shared, once no ``alone`` test is waiting for it (the turnstile gives those
+    priority: while one waits, no test takes the shared lock anew)."""
+    with _locked(TURNSTILE, fcntl.LOCK_EX):
+        pass
+    with _locked(LANE_LOCK, fcntl.LOCK_SH):
+        yield
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_protocol(item, nextitem):
     """A test marked ``alone`` runs with nothing else of the suite beside it: it needs the Slurm
     node idle (it preempts or drains it) or it judges time against the machine's CPUs (a
-    trainer's start-up against a time limit, throughput). Every other test holds the lock shared. Held around the whole
-    protocol, so a module's fixtures set up on the other worker wait too; the turnstile gives an
-    ``alone`` test priority: while one waits, no test takes the shared lock anew."""
-    turnstile = LANE_LOCK.with_suffix(".turnstile")
-    if item.get_closest_marker("alone") is not None:
-        with _locked(turnstile, fcntl.LOCK_EX), _locked(LANE_LOCK, fcntl.LOCK_EX):
-            return (yield)
-    with _locked(turnstile, fcntl.LOCK_EX):
-        pass
-    with _locked(LANE_LOCK, fcntl.LOCK_SH):
+    trainer's start-up against a time limit, throughput). Every other test holds the lane lock
+    shared around its whole protocol, so that its module's fixtures (a tokenized corpus, a
+    deployed worker) are never set up beside an ``alone`` test either."""
+    if _alone(item):
+        return (yield)  # its phases take the lock themselves
+    with _shared():
+        return (yield)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_setup(item):
+    """An ``alone`` test's fixtures are set up beside the other workers' tests, as theirs are;
+    only the test itself runs alone."""
+    if not _alone(item):
+        return (yield)
+    with _shared():
+        return (yield)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item):
+    if not _alone(item):
+        return (yield)
+    with _locked(TURNSTILE, fcntl.LOCK_EX), _locked(LANE_LOCK, fcntl.LOCK_EX):
+        return (yield)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item, nextitem):
+    if not _alone(item):
+        return (yield)
+    with _shared():
         return (yield)
 
 
