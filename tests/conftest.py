@@ -20,15 +20,20 @@ SLOWEST_FIRST = ("test_deployments.py", "test_train_task.py", "test_train_loop.p
                  "test_slurm_jobs.py")
 # Serialises the tests marked `alone` against every other test of the run, on either worker.
 LANE_LOCK = Path(os.environ.get("PRETRAIN_TEST_LOCK", "/tmp/pretrain-tests.lock"))
+TURNSTILE = LANE_LOCK.with_suffix(".turnstile")
+
+
+def _alone(item) -> bool:
+    return item.get_closest_marker("alone") is not None
 
 
 def pytest_collection_modifyitems(items):
     """Modules slowest first; in each module the tests marked ``alone`` first: while one runs the
-    other worker waits, and at the start of a module it waits for the other worker's current test
-    once, not once for each such test as they come up between the module's others."""
+    other workers wait, and at the start of a module it waits for their current tests once, not
+    once for each such test as they come up between the module's others."""
     rank = {name: i for i, name in enumerate(SLOWEST_FIRST)}
     # stable: file order kept otherwise
-    items.sort(key=lambda item: (rank.get(item.path.name, len(rank)), item.get_closest_marker("alone") is None))
+    items.sort(key=lambda item: (rank.get(item.path.name, len(rank)), not _alone(item)))
 
 
 @contextlib.contextmanager
@@ -40,12 +45,6 @@ def _locked(path: Path, mode: int):
         finally:
             fcntl.flock(f, fcntl.LOCK_UN)
 
-
-TURNSTILE = LANE_LOCK.with_suffix(".turnstile")
-
-
-def _alone(item) -> bool:
-    return item.get_closest_marker("alone") is not None
 
 
 @contextlib.contextmanager

@@ -158,8 +158,7 @@ def test_demo_command_runs_the_flow_and_shows_the_fetch_artifact(local_stack, tm
     # every graph it needed came from the warm-up's cache.
     compiled = dict(re.findall(r"^  \| (precompile|train) \| " + re.escape(node) + r" \| (\d+ \| \d+) \|$",
                                out.stdout, re.MULTILINE))
-    (warm_up, warm_hits), (train_compiled, train_hits) = (map(int, compiled[s].split(" | "))
-                                                          for s in ("precompile", "train"))
+    (warm_up, _), (train_compiled, train_hits) = (map(int, compiled[s].split(" | ")) for s in ("precompile", "train"))
     assert warm_up > 0 and train_compiled == 0 and train_hits > 0, compiled
     points = out.stdout.split("artifact tiny-local-loss-points (table)", 1)[1].split("\n\n", 1)[0]
     # no 17-digit floats: at most 4 significant digits (a learning rate of 0.002983 has 4)

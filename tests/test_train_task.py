@@ -363,13 +363,13 @@ def test_hung_run_is_cancelled_and_resubmitted_but_a_queued_job_is_not_hung(corp
     name = "fault-hang"
     clean_queue.append(f"{name}-train")
 
-    def stop_ranks(job_id: str, run_dir: Path) -> dict[str, int]:
+    def stop_rank(job_id: str, run_dir: Path) -> dict[str, int]:
         processes = trainer_processes(run_dir / "train.json")
         os.kill(processes["rank0"], signal.SIGSTOP)
         return processes
 
     with partition_down_for(name, HANG_TIMEOUT_MIN * 60 + 15):
-        result, fault, records = run_with_fault(name, tmp_path, corpus, stop_ranks, f"cluster.block={name}",
+        result, fault, records = run_with_fault(name, tmp_path, corpus, stop_rank, f"cluster.block={name}",
                                                 f"backend.native.hang_timeout_min={HANG_TIMEOUT_MIN}")
     first = result["attempts"][0]
     assert first["job"] == fault.job_id, f"the job waiting in the queue was cancelled as hung: {first}"
