@@ -60,7 +60,7 @@ def _shared():
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_protocol(item, nextitem):
     """A test marked ``alone`` runs with nothing else of the suite beside it: it needs the Slurm
-    node idle (it preempts or drains it) or it judges time against the machine's CPUs (a
+    node idle (it drains it) or it judges time against the machine's CPUs (a
     trainer's start-up against a time limit, throughput). Every other test holds the lane lock
     shared around its whole protocol, so that its module's fixtures (a tokenized corpus, a
     deployed worker) are never set up beside an ``alone`` test either."""

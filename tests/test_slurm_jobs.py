@@ -18,7 +18,7 @@ from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
 from blocks.cluster import SlurmCluster
 from deployments.stack.processes import alive
 from jobs.node import Command
-from slurm_faults import preempt_node
+from slurm_faults import PREEMPT_GRES, preempt
 from jobs.slurm import (
     JobRequest, SlurmJobFailed, expand_nodes, job_outcome, jobs_of_this_flow_run, parse_sacct, run_array, run_job,
     slurm_parameters, submit, wait,
@@ -167,14 +167,13 @@ def test_requeued_job_runs_again_and_succeeds(local_stack, shared_dir):
     assert marker.exists()
 
 
-@pytest.mark.alone
 def test_a_job_preempted_on_spot_capacity_fails_the_wait_as_preempted(local_stack, shared_dir):
     # A program that does not stop on SIGTERM is killed at the end of the grace time, and Slurm
     # then keeps reporting PREEMPTED for a job that will not run again: the wait must end.
     ignoring = shared_dir / "ignoring-term"
     job = submit(JobRequest("spot-victim", bash(f"trap '' TERM; touch {ignoring}; sleep 300 & wait; wait"),
                             time_limit_min=5),
-                 SlurmCluster(executor="slurm", partition="spot"), shared_dir)
+                 SlurmCluster(executor="slurm", partition="spot", gres=PREEMPT_GRES), shared_dir)
     wait_running(job)
     # Preempted before the program is up, the job dies of the SIGTERM at once and Slurm records
     # FAILED (exit 15), not PREEMPTED: preempt only once the program ignores SIGTERM.
@@ -182,21 +181,29 @@ def test_a_job_preempted_on_spot_capacity_fails_the_wait_as_preempted(local_stac
     while not ignoring.exists():
         assert time.monotonic() < deadline, "the job's program did not start"
         time.sleep(0.2)
-    preempt_node()
+    preempt()
     with pytest.raises(SlurmJobFailed) as info:
         wait(job, "spot-victim", poll_s=0.5, max_wait_s=120)
     assert info.value.state == "PREEMPTED"
 
 
-@pytest.mark.alone
 def test_a_job_preempted_where_preemption_requeues_runs_again_and_succeeds(local_stack, shared_dir):
     marker = shared_dir / "restarted"
     script = f'if [ "${{SLURM_RESTART_COUNT:-0}}" -ge 1 ]; then touch {marker}; else sleep 300; fi'
-    job = submit(JobRequest("preempted", bash(script), time_limit_min=5), SLURM, shared_dir)
-    wait_running(job)
-    preempt_node()
-    assert wait(job, "preempted", poll_s=0.5, max_wait_s=120) == [0]
-    assert marker.exists()
+    job = submit(JobRequest("preempted", bash(script), time_limit_min=5),
+                 SlurmCluster(executor="slurm", partition="preemptible", gres=PREEMPT_GRES), shared_dir)
+    bystander = submit(JobRequest("bystander", bash("sleep 300"), time_limit_min=5), SLURM, shared_dir)
+    try:
+        wait_running(job)
+        wait_running(bystander)
+        preempt()
+        assert wait(job, "preempted", poll_s=0.5, max_wait_s=120) == [0]
+        assert marker.exists()
+        # The preemptor took the slot the preempted job held; a job in `debug` runs on (the other
+        # tests' jobs, which run beside this one).
+        assert bystander.state == "RUNNING"
+    finally:
+        bystander.cancel()
 
 
 def test_time_limit_ends_with_timeout(local_stack, shared_dir):

@@ -28,7 +28,7 @@ from deployments.demo import save_credentials_block, seed_corpus
 from pretrain.corpus import corpus_texts
 from pretrain.presets import load_spec
 from pretrain.toy_tokenizers import llama3_style
-from slurm_faults import preempt_node
+from slurm_faults import PREEMPT_GRES, preempt
 from tasks.fetch import fetch
 from tasks.tokenize import tokenize
 from tasks.train import train
@@ -239,13 +239,13 @@ def test_scontrol_requeue_restarts_the_same_job_which_resumes(corpus, tmp_path, 
     assert result["resumed_from"] == stopped["step"] >= fault.at_step
 
 
-@pytest.mark.alone
 def test_preemption_on_spot_capacity_resubmits_and_resumes(corpus, tmp_path, clean_queue):
-    """Spot capacity: a higher-priority job takes the node; Slurm signals the trainer (which saves
-    and exits within the partition's grace time) and does not requeue, so the task resubmits."""
-    SlurmCluster(executor="slurm", partition="spot").save("spot-node", overwrite=True)
+    """Spot capacity: a higher-priority job takes the job's resources; Slurm signals the trainer
+    (which saves and exits within the partition's grace time) and does not requeue, so the task
+    resubmits."""
+    SlurmCluster(executor="slurm", partition="spot", gres=PREEMPT_GRES).save("spot-node", overwrite=True)
     clean_queue.extend([f"{(name := 'fault-preempt')}-train", "urgent-preemptor"])
-    result, fault, records = run_with_fault(name, tmp_path, corpus, lambda *_: preempt_node(), "cluster.block=spot-node")
+    result, fault, records = run_with_fault(name, tmp_path, corpus, lambda *_: preempt(), "cluster.block=spot-node")
     first, last = result["attempts"]
     assert first["job"] == fault.job_id and last["job"] != fault.job_id
     (stopped,) = events(records, "stopped")

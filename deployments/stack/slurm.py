@@ -35,6 +35,10 @@ class SlurmLayout:
         return self.root / "etc" / "slurm.conf"
 
     @property
+    def gres_conf(self) -> Path:
+        return self.root / "etc" / "gres.conf"
+
+    @property
     def dbd_conf(self) -> Path:
         return self.root / "etc" / "slurmdbd.conf"
 
@@ -72,12 +76,22 @@ def _cpus_and_memory() -> tuple[int, int]:
     return max(8, os.cpu_count() or 1), int(mem_kb / 1024 * 0.9)
 
 
-def write_config(layout: SlurmLayout) -> None:
+# A countable generic resource with no device behind it (gres.conf(5): Count without File), one per
+# node. A preemptible job and its preemptor both ask for it, so the preemptor takes it from that
+# job alone: jobs in `debug` are never preempted, and tests that preempt run beside the others.
+PREEMPT_GRES = "preemptslot:1"
+
+
+def write_config(layout: SlurmLayout) -> bool:
+    """Write the cluster's configuration; True when it changed (running daemons must restart)."""
     for sub in ("etc", "state", "spool", "log", "run", "munge", "mysql"):
         (layout.root / sub).mkdir(parents=True, exist_ok=True)
     cpus, mem_mb = _cpus_and_memory()
     r, port = layout.root, layout.base_port
     auth = f"socket={layout.munge_socket}"
+    gres_name = PREEMPT_GRES.split(":")[0]
+    before = [p.read_text() if p.exists() else None for p in (layout.conf, layout.gres_conf)]
+    layout.gres_conf.write_text(f"NodeName=localhost Name={gres_name} Count=1\n")
     layout.conf.write_text(f"""\
 # Written by `pretrain stack`; settings explained in docs/local-stack.md and slurm.conf(5).
 ClusterName=pretrain
@@ -117,12 +131,15 @@ SlurmctldLogFile={layout.log('slurmctld')}
 SlurmdDebug=info
 SlurmdLogFile={layout.log('slurmd')}
 SlurmdParameters=config_overrides
-# Preemption as clusters with spot capacity configure it: a job in `urgent` takes the node from
-# jobs in `debug` (requeued) and `spot` (cancelled after a grace period, the trainer's time to save).
+# Preemption as clusters with spot capacity configure it: a job in `urgent` takes the resources
+# of jobs in `preemptible` (requeued) and `spot` (cancelled after a grace period, the trainer's
+# time to save); jobs in `debug` are not preempted.
 PreemptType=preempt/partition_prio
 PreemptMode=REQUEUE
-NodeName=localhost NodeAddr=127.0.0.1 CPUs={cpus} RealMemory={mem_mb} State=UNKNOWN
-PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP PriorityTier=1
+GresTypes={gres_name}
+NodeName=localhost NodeAddr=127.0.0.1 CPUs={cpus} RealMemory={mem_mb} Gres={PREEMPT_GRES} State=UNKNOWN
+PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP PriorityTier=1 PreemptMode=OFF
+PartitionName=preemptible Nodes=ALL MaxTime=INFINITE State=UP PriorityTier=1 PreemptMode=REQUEUE
 PartitionName=spot Nodes=ALL MaxTime=INFINITE State=UP PriorityTier=1 PreemptMode=CANCEL GraceTime=15
 PartitionName=urgent Nodes=ALL MaxTime=INFINITE State=UP PriorityTier=10 PreemptMode=OFF
 """)
@@ -143,6 +160,7 @@ StorageUser={DB_USER}
 StoragePass={DB_PASS}
 """)
     layout.dbd_conf.chmod(0o600)  # slurmdbd refuses a readable file holding the DB password
+    return [layout.conf.read_text(), layout.gres_conf.read_text()] != before
 
 
 # ---------------------------------------------------------------- one function per daemon
@@ -217,7 +235,11 @@ def up(layout: SlurmLayout) -> dict[str, int]:
                          "slurm-client munge slurmdbd mariadb-server)")
     if os.geteuid() != 0:
         raise StackError("the local Slurm cluster runs its daemons as root; run as root")
-    write_config(layout)
+    if write_config(layout):
+        # A stack started by an older checkout runs on the old settings: slurmd reads its node's
+        # generic resources only at start. Running jobs outlive both daemons' restarts.
+        for daemon in ("slurmd", "slurmctld"):
+            stop(layout.pid_file(daemon))
     for daemon in DAEMONS:
         if running_pid(layout.pid_file(daemon)) is None:
             STARTERS[daemon](layout)
