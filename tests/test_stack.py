@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from pathlib import Path
 
 import boto3
 import pytest
@@ -77,6 +78,22 @@ def test_up_recovers_after_a_daemon_is_killed(second_stack):
     state = stack.status(second_stack)
     assert state["slurm"]["slurmctld"] not in (None, victim)
     assert sbatch_and_wait(second_stack)
+
+
+def test_up_restarts_slurm_that_runs_on_an_older_checkouts_settings(second_stack):
+    """A stack started before the preemption slot existed: `up` writes today's settings and
+    restarts the two daemons that read them, and leaves the others running."""
+    stack.up(second_stack, base_port=BASE_PORT)
+    before = stack.status(second_stack)["slurm"]
+    conf = Path(stack.environment(second_stack)["SLURM_CONF"])
+    conf.write_text(conf.read_text().replace(" Gres=preemptslot:1", ""))
+    stack.up(second_stack)
+    after = stack.status(second_stack)["slurm"]
+    assert {d for d in before if after[d] != before[d]} == {"slurmctld", "slurmd"}
+    node = subprocess.run(["scontrol", "show", "node", "localhost"], env=slurm_env(second_stack),
+                          capture_output=True, text=True, check=True).stdout
+    assert "Gres=preemptslot:1" in node
+    assert sbatch_and_wait(second_stack, "true")
 
 
 def test_reset_restarts_job_ids_with_no_stale_accounting(second_stack):
