@@ -75,8 +75,9 @@ def pod_outcome(status: dict[str, Any], node: str = "") -> PodOutcome:
     for container in status.get("containerStatuses") or []:
         terminated = (container.get("state") or {}).get("terminated") or {}
         if terminated.get("reason") == "OOMKilled":
+            name = container.get("name")
             return PodOutcome("OUT_OF_MEMORY", str(terminated.get("exitCode", "")),
-                              f"container {container.get('name', '')} OOMKilled".replace("  ", " "), node)
+                              f"container {name} OOMKilled" if name else "OOMKilled", node)
     phase = status.get("phase")
     if phase == "Succeeded":
         return PodOutcome("COMPLETED", "0", "", node)

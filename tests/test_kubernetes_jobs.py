@@ -98,3 +98,49 @@ def test_commands_run_the_images_python_not_the_flows():
     assert _commands([request])[0].argv == ["python", "-m", "trainer", "tokenize"]
     with pytest.raises(TypeError, match="command lines"):
         _commands([JobRequest("x", print, 10)])
+
+
+class RecordedCluster:
+    """Answers the job layer's calls with the recorded objects: a Job past its backoff limit whose
+    one pod was OOM-killed on ip-10-0-1-1, its log the runbook's getdata output. Only the answers
+    are stand-ins; the job layer's reading of them is the code under test."""
+
+    def __init__(self):
+        self.core, self.batch = self, self
+        self.deleted = []
+
+    def serialize(self, obj):
+        return obj
+
+    def read_namespaced_job_status(self, name, namespace):
+        return type("Job", (), {"status": recorded("job-status-backoff-limit-exceeded.json")})
+
+    def list_namespaced_pod(self, namespace, label_selector):
+        assert label_selector == "batch.kubernetes.io/job-name=getdata"
+        pod = type("Pod", (), {
+            "metadata": type("Meta", (), {"name": "getdata-x7k2p"}),
+            "spec": type("Spec", (), {"node_name": "ip-10-0-1-1"}),
+            "status": {"phase": "Failed", "containerStatuses": recorded("pod-container-statuses-oomkilled.yaml")}})
+        return type("PodList", (), {"items": [pod]})
+
+    def read_namespaced_pod_log(self, pod, namespace, container, follow, _preload_content):
+        data = (RECORDED / "getdata-job-logs.txt").read_bytes()
+        return type("Stream", (), {"stream": lambda self, decode_content: (data[i:i + 100] for i in range(0, len(data), 100))})()
+
+    def delete_namespaced_job(self, name, namespace, body):
+        self.deleted.append((name, body.propagation_policy))
+
+
+def test_a_followed_job_fails_with_the_pods_reason_node_and_log_tail():
+    from jobs.kubernetes import SubmittedJob, cancel, wait_all
+    from jobs.slurm import SlurmJobFailed
+
+    api = RecordedCluster()
+    job = SubmittedJob("Job", "getdata", "training")
+    (outcome,) = wait_all(api, [job], ["getdata"], poll_s=0.01)
+    assert isinstance(outcome, SlurmJobFailed)
+    assert (outcome.state, outcome.exit_code, outcome.nodes) == ("OUT_OF_MEMORY", "137", "ip-10-0-1-1")
+    assert outcome.log_tail[-1] == "Download completed."
+    assert "kubectl logs -n training -l batch.kubernetes.io/job-name=getdata" in str(outcome)
+    cancel(api, job)
+    assert api.deleted == [("getdata", "Foreground")]
