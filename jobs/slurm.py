@@ -33,6 +33,7 @@ from prefect.runtime import flow_run
 from prefect.states import Cancelled, State
 
 from blocks.cluster import SlurmCluster
+from jobs.log_lines import LineSplitter
 from jobs.node import LEASE, Leased
 
 # sacct states after which the job will not run again (REQUEUED is followed by a restart, and
@@ -401,7 +402,7 @@ class LogFollower:
             paths = job.task(i).paths
             self.paths += [(i, paths.stdout), (i, paths.stderr)]
         self.offsets = {path: 0 for _, path in self.paths}
-        self.partial = {path: "" for _, path in self.paths}
+        self.splitters = {path: LineSplitter() for _, path in self.paths}
         self.tail: deque[str] = deque(maxlen=LOG_TAIL_LINES)
 
     def read_new(self) -> list[tuple[int, str]]:
@@ -414,11 +415,7 @@ class LogFollower:
             except FileNotFoundError:
                 continue
             self.offsets[path] += len(data)
-            text = self.partial[path] + data.decode(errors="replace")
-            *complete, self.partial[path] = text.split("\n")
-            for line in complete:
-                # tqdm-style progress rewrites one line with carriage returns: keep the last state
-                line = line.rsplit("\r", 1)[-1]
+            for line in self.splitters[path].feed(data.decode(errors="replace")):
                 lines.append((task, line))
                 self.tail.append(line)
         return lines

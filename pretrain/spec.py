@@ -349,7 +349,8 @@ class BackendSpec(Strict):
 
 
 class ClusterSpec(Strict):
-    block: str | None = Field(None, description="Name of a SlurmCluster block with the site's settings.")
+    block: str | None = Field(None, description="Name of a SlurmCluster block with the site's settings, or "
+                              "kubernetes-cluster/NAME: a KubernetesCluster block, and the stages run on Kubernetes.")
     executor: Literal["auto", "slurm", "local"] = Field(
         "auto", description="Overrides the block: slurm, local processes, or auto-detect.")
     nodes: int = Field(1, gt=0)

@@ -14,10 +14,12 @@ from prefect.artifacts import create_markdown_artifact
 from prefect.logging import get_run_logger
 
 from blocks.cluster import SlurmCluster
+from blocks.kubernetes import KubernetesCluster, runbook_cluster
+from jobs.executor import KUBERNETES_PREFIX, load_kubernetes_block
 from jobs.node import Command
 from jobs.slurm import MissingClusterBlock, job_folder, load_cluster_block, slurm_parameters, stage_request
 from pretrain.spec import PretrainSpec
-from render import megatron_lm, native, nxdt
+from render import kubernetes, megatron_lm, native, nxdt
 from render.convert_command import convert_command
 from render.dataset_files import arrow_output, tokenizer_paths
 from render.megatron_lm import in_container
@@ -50,7 +52,54 @@ def _sbatch(spec: PretrainSpec, cluster: SlurmCluster, name: str, **shape: Any) 
                                                     folder=folder, **slurm_parameters(cluster, request))
 
 
-def render_files(spec: PretrainSpec, cluster: SlurmCluster | None = None) -> dict[str, str]:
+def _manifest(body: dict[str, Any]) -> str:
+    return yaml.safe_dump(body, sort_keys=False)
+
+
+def kubernetes_files(spec: PretrainSpec, cluster: KubernetesCluster, files: dict[str, str]) -> dict[str, str]:
+    """The objects a run on Kubernetes creates, beside the command lines they run: tokenize's
+    shards as an Indexed Job (as many as data.tokenize_shards, else one: the run counts them from
+    the input's size), the conversion as a Job, precompile and training as PyTorchJobs, training
+    held to the nodes precompile filled."""
+    time_limit, manifests = spec.cluster.time_limit_min, {}
+    tokenizer = {flag: str(path) for flag, path in tokenizer_paths(spec, Path(FETCHED)).items()}
+    shards = 1 if arrow_output(spec) else spec.data.tokenize_shards or 1
+    commands = [Command(tokenize_command(spec, [FETCHED], f"{DATASET}/parts/shard-{i}", tokenizer,
+                                         shard=None if arrow_output(spec) else f"{i}/{shards}",
+                                         record=f"{DATASET}/parts/shard-{i}.json")) for i in range(shards)]
+    manifests["k8s_tokenize.yaml"] = _manifest(kubernetes.indexed_job(
+        cluster, spec, f"{spec.name}-tokenize", "tokenize", commands, time_limit, spec.cluster.cpus_per_task,
+        spec.cluster.mem_gb))
+    if "convert.sh" in files:
+        manifests["k8s_convert.yaml"] = _manifest(kubernetes.batch_job(
+            cluster, spec, f"{spec.name}-convert", "convert", Command(["bash", "-c", files["convert.sh"]]), time_limit))
+    nodes: tuple[str, ...] = ()
+    if "precompile.sh" in files:
+        manifests["k8s_precompile.yaml"] = _manifest(kubernetes.pytorch_job(
+            cluster, spec, f"{spec.name}-precompile", "precompile", Command(["bash", "-c", files["precompile.sh"]]),
+            time_limit))
+        nodes = ("<precompile-nodes>",)
+    if spec.backend.kind == "megatron-lm":
+        train = megatron_lm.node_command(spec, f"{DATASET}/data_text_document", Path(TRAIN_RUN))
+    elif spec.backend.kind == "native":
+        train = Command(["bash", "-c", files["torchrun.sh"]], env=native.environment(spec))
+    else:
+        train = Command(["bash", "-c", files["train.sh"]])
+    restarts = spec.backend.megatron_lm.max_restarts if spec.backend.megatron_lm else 0
+    manifests["k8s_train.yaml"] = _manifest(kubernetes.pytorch_job(
+        cluster, spec, f"{spec.name}-train", "train", train, time_limit, restarts, nodes))
+    return manifests
+
+
+def render_files(spec: PretrainSpec, cluster: SlurmCluster | KubernetesCluster | None = None) -> dict[str, str]:
+    """``cluster``: the site's block; None renders Slurm's defaults, or, for a spec that names a
+    KubernetesCluster block, :func:`blocks.kubernetes.runbook_cluster` (the EKS runbook's)."""
+    if cluster is None and (spec.cluster.block or "").startswith(KUBERNETES_PREFIX):
+        cluster = runbook_cluster()
+    if isinstance(cluster, KubernetesCluster):
+        files = render_files(spec, SlurmCluster(executor="slurm"))
+        return {**{k: v for k, v in files.items() if not k.startswith("sbatch_")},
+                **kubernetes_files(spec, cluster, files)}
     site = cluster = cluster or SlurmCluster(executor="slurm")
     files = {"spec.yaml": yaml.safe_dump(json.loads(spec.model_dump_json()), sort_keys=False)}
     tokenizer = {flag: str(path) for flag, path in tokenizer_paths(spec, Path(FETCHED)).items()}
@@ -104,7 +153,10 @@ def publish_rendered(spec: PretrainSpec) -> list[str]:
     cluster, note = None, ""
     if spec.cluster.block:
         try:
-            cluster = load_cluster_block(spec.cluster.block).model_copy(update={"executor": "slurm"})
+            if spec.cluster.block.startswith(KUBERNETES_PREFIX):
+                cluster = load_kubernetes_block(spec.cluster.block.removeprefix(KUBERNETES_PREFIX))
+            else:
+                cluster = load_cluster_block(spec.cluster.block).model_copy(update={"executor": "slurm"})
         except MissingClusterBlock as missing:
             get_run_logger().warning("dry run: %s; the sbatch script shows Slurm's defaults instead", missing)
             note = f"; without the site settings of cluster.block={spec.cluster.block!r}: no such block yet"

@@ -25,8 +25,8 @@ from prefect.logging import get_run_logger
 
 from pretrain import manifest
 from jobs.node import Command
-from jobs.slurm import (SlurmJobFailed, cluster_for, ends_cancelled, job_folder, run_array, run_job,
-                        stage_request)
+from jobs.executor import cluster_for, job_folder, run_array, run_job
+from jobs.slurm import SlurmJobFailed, ends_cancelled, stage_request
 from pretrain.spec import PretrainSpec
 from render.dataset_files import arrow_output, tokenizer_files
 from render.tokenize_command import merge_command, tokenize_command

@@ -1,0 +1,77 @@
+"""The Kubernetes cluster a pipeline runs on (EKS, say): the site's settings, saved once as a
+Prefect block, beside :class:`blocks.cluster.SlurmCluster`.
+
+As with Slurm, the spec says what a workload needs (nodes, devices per node, time) and this
+block says how the site grants it: the namespace, the shared volume every stage reads and
+writes, the image, the node pool and what one node offers the pods on it.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from prefect.blocks.core import Block
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class Toleration(BaseModel):
+    """A pod toleration, as Kubernetes spells it (the GPU node groups of EKS are often tainted)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    key: str | None = None
+    operator: Literal["Exists", "Equal"] = "Equal"
+    value: str | None = None
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
+
+
+class KubernetesCluster(Block):
+    _block_type_name = "Kubernetes Cluster"
+    _block_type_slug = "kubernetes-cluster"
+    _description = "Where and how pretrain-pipeline runs its stages as Kubernetes Jobs and PyTorchJobs."
+
+    namespace: str = Field("default", description="Namespace of every Job and PyTorchJob.")
+    volume_claim: str = Field(
+        description="PersistentVolumeClaim of the shared filesystem (the runbook's FSx claim, fsx-claim); "
+        "every stage reads and writes its outputs there.")
+    mount_path: str = Field(
+        "/fsx", description="Where the claim is mounted in every pod; the spec's paths.root must lie under it.")
+    image: str | None = Field(
+        None, description="Image of every pod, with this project installed. None: the spec's image "
+        "(backend.megatron_lm.container_image, the image stage's output).")
+    service_account: str | None = Field(None, description="serviceAccountName of the pods.")
+    node_selector: dict[str, str] = Field(
+        default_factory=dict, description="Node labels, e.g. {'node.kubernetes.io/instance-type': 'p5.48xlarge'}.")
+    tolerations: list[Toleration] = Field(default_factory=list, description="Taints of the node group to tolerate.")
+    gpus_per_node: int | None = Field(
+        None, ge=0, description="nvidia.com/gpu per training pod; None: the spec's cluster.devices_per_node "
+        "for a GPU backend, none otherwise.")
+    efa_per_node: int = Field(
+        0, ge=0, description="vpc.amazonaws.com/efa per training pod (32 on p5.48xlarge, 16 on p5en).")
+    hugepages_2mi: str | None = Field(None, description="hugepages-2Mi per training pod, e.g. '5120Mi' (EFA).")
+    memory: str | None = Field(None, description="Memory per training pod, e.g. '1800Gi'.")
+    cpu: str | None = Field(None, description="CPU per training pod, e.g. '180'.")
+    shm_size: str | None = Field(
+        "64Gi", description="A memory-backed /dev/shm of this size for the training pods (NCCL and the "
+        "data loader workers need more than the container runtime's 64 MB); None: the runtime's.")
+    elastic: bool = Field(
+        False, description="Give the PyTorchJob an elasticPolicy (c10d rendezvous, between 1 and "
+        "cluster.nodes workers), so training goes on with fewer nodes after one is lost.")
+    ttl_seconds_after_finished: int | None = Field(
+        3600, ge=0, description="Kubernetes deletes a finished Job or PyTorchJob (and its pods) this long after "
+        "it ended; the logs were already streamed into the Prefect task's log.")
+    kubeconfig_context: str | None = Field(
+        None, description="Context of ~/.kube/config to use; None: the in-cluster service account when "
+        "the flow runs in a pod (a Kubernetes work pool), else the current context.")
+    image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"
+    priority_class: str | None = Field(None, description="priorityClassName of the pods.")
+
+
+def runbook_cluster() -> KubernetesCluster:
+    """The cluster of the EKS Megatron-LM runbook (aws-samples/awsome-distributed-training,
+    3.test_cases/megatron/megatron-lm/kubernetes/gpt3): the FSx claim fsx-claim mounted at /fsx,
+    p5.48xlarge nodes with 8 GPUs and 32 EFA interfaces each, /dev/shm for NCCL. Save it with
+    your image as the block the EKS preset names; `pretrain render` uses it when no block is at hand."""
+    return KubernetesCluster(volume_claim="fsx-claim", mount_path="/fsx",
+                             node_selector={"node.kubernetes.io/instance-type": "p5.48xlarge"},
+                             gpus_per_node=8, efa_per_node=32)

@@ -1,0 +1,363 @@
+"""The Kubernetes job layer: submit a stage's command as a Job, an Indexed Job or a PyTorchJob
+through the official client, follow it, and end it; the Slurm layer's counterpart behind the
+same calls (:func:`run_job`, :func:`run_array`).
+
+Everything that reads Kubernetes objects lives here. How a job ended is told in the words the
+tasks already understand, Slurm's: COMPLETED, FAILED with the container's exit code,
+OUT_OF_MEMORY for an OOMKilled container, PREEMPTED for a pod the scheduler preempted or the
+kubelet evicted (nothing the command did: a retry can succeed), TIMEOUT for a Job past its
+activeDeadlineSeconds, CANCELLED for one deleted; failures raise or return
+:class:`jobs.slurm.SlurmJobFailed` with the pod's reason, exit code, node and last log lines.
+"""
+
+from __future__ import annotations
+
+import queue
+import sys
+import threading
+import time
+import uuid
+from collections import deque
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable
+
+from blocks.kubernetes import KubernetesCluster
+from jobs.log_lines import LineSplitter
+from jobs.node import Command
+from jobs.slurm import LOG_TAIL_LINES, CancelWatch, FlowRunCancelled, JobRequest, SlurmJobFailed, _logger
+from render import kubernetes as manifests
+
+KUBEFLOW_GROUP, KUBEFLOW_VERSION, PYTORCHJOBS = "kubeflow.org", "v1", "pytorchjobs"
+# The pods of a batch Job carry its name in this label (set by the Job controller); those of a
+# PyTorchJob in the training operator's.
+JOB_POD_LABEL = "batch.kubernetes.io/job-name"
+PYTORCHJOB_POD_LABEL = "training.kubeflow.org/job-name"
+# DisruptionTarget reasons (Kubernetes' pod disruption conditions) that say the pod was taken
+# away, not that its command failed.
+DISRUPTED = {"PreemptionByKubeScheduler", "PreemptionByScheduler", "TerminationByKubelet",
+             "DeletionByTaintManager", "EvictionByEvictionAPI", "DeletionByPodGC"}
+
+
+@dataclass(frozen=True)
+class KubernetesTarget:
+    """Where a stage's jobs go on Kubernetes: the site's block and the run's spec (the image,
+    the labels and the node shape come from both)."""
+
+    cluster: KubernetesCluster
+    spec: Any
+
+
+@dataclass(frozen=True)
+class PodOutcome:
+    """How one pod ended, in Slurm's words; ``state`` "" while it may still run."""
+
+    state: str
+    exit_code: str = ""
+    detail: str = ""
+    node: str = ""
+
+
+def pod_outcome(status: dict[str, Any], node: str = "") -> PodOutcome:
+    """How a pod ended, from its ``status`` as the API returns it (camelCase keys).
+
+    A disruption condition or an eviction wins over the container's exit code: a preempted pod's
+    container may well have exited 137 from the SIGKILL after its grace period. An OOMKilled
+    container is out of memory even when the runtime recorded exit code 0 and the pod Succeeded.
+    """
+    for condition in status.get("conditions") or []:
+        if condition.get("type") == "DisruptionTarget" and condition.get("status") == "True" \
+                and condition.get("reason") in DISRUPTED:
+            return PodOutcome("PREEMPTED", "", f"{condition['reason']}: {condition.get('message', '')}".strip(), node)
+    if status.get("reason") == "Evicted":
+        return PodOutcome("PREEMPTED", "", f"Evicted: {status.get('message', '').strip()}", node)
+    if status.get("reason") == "DeadlineExceeded":
+        return PodOutcome("TIMEOUT", "", status.get("message", ""), node)
+    for container in status.get("containerStatuses") or []:
+        terminated = (container.get("state") or {}).get("terminated") or {}
+        if terminated.get("reason") == "OOMKilled":
+            name = container.get("name")
+            return PodOutcome("OUT_OF_MEMORY", str(terminated.get("exitCode", "")),
+                              f"container {name} OOMKilled" if name else "OOMKilled", node)
+    phase = status.get("phase")
+    if phase == "Succeeded":
+        return PodOutcome("COMPLETED", "0", "", node)
+    if phase == "Failed":
+        for container in status.get("containerStatuses") or []:
+            terminated = (container.get("state") or {}).get("terminated") or {}
+            if terminated:
+                reason = terminated.get("reason") or "Error"
+                return PodOutcome("FAILED", str(terminated.get("exitCode", "")),
+                                  f"{reason}: {terminated['message']}" if terminated.get("message") else reason, node)
+        return PodOutcome("FAILED", "", status.get("message") or status.get("reason") or "", node)
+    return PodOutcome("")
+
+
+def job_condition(status: dict[str, Any]) -> tuple[str, str] | None:
+    """The finished condition (type, reason: message) of a Job's or a Kubeflow job's status:
+    Complete or Succeeded, or Failed; None while it runs. Both kinds use conditions with
+    ``type`` and ``status: "True"``."""
+    for condition in status.get("conditions") or []:
+        if condition.get("status") == "True" and condition.get("type") in ("Complete", "Succeeded", "Failed"):
+            text = ": ".join(part for part in (condition.get("reason"), condition.get("message")) if part)
+            return condition["type"], text
+    return None
+
+
+def job_outcome(status: dict[str, Any], pods: list[PodOutcome]) -> PodOutcome:
+    """How a whole job ended: its own condition says whether; its pods say why, the first pod
+    that ended badly speaking for the job, as the first failed task does for a Slurm job."""
+    finished = job_condition(status)
+    if finished is None:
+        return PodOutcome("")
+    kind, text = finished
+    if kind in ("Complete", "Succeeded"):
+        return PodOutcome("COMPLETED", "0", text)
+    bad = [p for p in pods if p.state and p.state != "COMPLETED"]
+    if bad:
+        return PodOutcome(bad[0].state, bad[0].exit_code, "; ".join(filter(None, (bad[0].detail, text))),
+                          ",".join(sorted({p.node for p in bad if p.node})))
+    if "DeadlineExceeded" in text:
+        return PodOutcome("TIMEOUT", "", text)
+    return PodOutcome("FAILED", "", text)
+
+
+class PodLogs:
+    """The lines of a job's pods' logs, each pod's log read once, in order, as it grows: one
+    thread per pod reads the API's follow stream and hands on what arrives."""
+
+    def __init__(self) -> None:
+        self.chunks: queue.Queue[tuple[str, str]] = queue.Queue()
+        self.splitters: dict[str, LineSplitter] = {}
+        self.tail: deque[str] = deque(maxlen=LOG_TAIL_LINES)
+        self.followed: set[str] = set()
+
+    def add(self, pod: str, chunk: str) -> None:
+        self.chunks.put((pod, chunk))
+
+    def read_new(self) -> list[tuple[str, str]]:
+        lines = []
+        while True:
+            try:
+                pod, chunk = self.chunks.get_nowait()
+            except queue.Empty:
+                return lines
+            for line in self.splitters.setdefault(pod, LineSplitter()).feed(chunk):
+                lines.append((pod, line))
+                self.tail.append(line)
+
+    def follow(self, core: Any, namespace: str, pod: str) -> None:
+        """Start reading ``pod``'s log (once per pod), from its first line to its end."""
+        if pod in self.followed:
+            return
+        self.followed.add(pod)
+
+        def read() -> None:
+            try:
+                stream = core.read_namespaced_pod_log(pod, namespace, container=manifests.CONTAINER, follow=True,
+                                                      _preload_content=False)
+                for data in stream.stream(decode_content=True):
+                    self.add(pod, data.decode(errors="replace"))
+            except Exception as exc:  # the pod was deleted under the stream: its lines so far are kept
+                self.add(pod, f"\n[log stream of {pod} ended: {exc}]\n")
+
+        threading.Thread(target=read, name=f"logs-{pod}", daemon=True).start()
+
+
+@dataclass
+class SubmittedJob:
+    """A job created on the cluster: its kind and name, and what was read of its pods."""
+
+    kind: str  # "Job" or "PyTorchJob"
+    name: str
+    namespace: str
+    logs: PodLogs = field(default_factory=PodLogs)
+
+    @property
+    def job_id(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+
+class KubernetesApi:
+    """The three API groups the job layer uses, built from the block's kubeconfig context, or the
+    pod's service account when the flow itself runs in a pod (a Kubernetes work pool)."""
+
+    def __init__(self, cluster: KubernetesCluster):
+        from kubernetes import client, config
+
+        try:
+            config.load_incluster_config()
+        except config.ConfigException:
+            config.load_kube_config(context=cluster.kubeconfig_context)
+        self.core, self.batch, self.custom = client.CoreV1Api(), client.BatchV1Api(), client.CustomObjectsApi()
+        self.serialize = client.ApiClient().sanitize_for_serialization
+
+
+def manifest_for(request: JobRequest, target: KubernetesTarget, commands: list[Command], stage: str,
+                 nodes: tuple[str, ...] = ()) -> dict[str, Any]:
+    """The object of ``request``: a PyTorchJob for a job on several nodes or with GPUs (training,
+    precompile), an Indexed Job for several commands (an array), else a Job."""
+    cluster, spec = target.cluster, target.spec
+    name = f"{manifests.object_name(request.name)[:manifests.MAX_NAME - 7]}-{uuid.uuid4().hex[:6]}"
+    if request.tasks_per_node != 1:
+        raise ValueError(f"{request.name}: a Kubernetes pod runs one command; tasks_per_node="
+                         f"{request.tasks_per_node} is for Slurm")
+    if len(commands) > 1:
+        return manifests.indexed_job(cluster, spec, name, stage, commands, request.time_limit_min,
+                                     request.cpus_per_task, request.mem_gb)
+    if request.nodes > 1 or request.gpus_per_node:
+        restarts = spec.backend.megatron_lm.max_restarts if spec.backend.megatron_lm else 0
+        return manifests.pytorch_job(cluster, spec, name, stage, commands[0], request.time_limit_min,
+                                     restarts, nodes)
+    return manifests.batch_job(cluster, spec, name, stage, commands[0], request.time_limit_min,
+                               request.cpus_per_task, request.mem_gb)
+
+
+def _commands(requests: list[JobRequest]) -> list[Command]:
+    commands = [r.command for r in requests]
+    if not all(isinstance(c, Command) for c in commands):
+        raise TypeError("the Kubernetes job layer runs command lines (jobs.node.Command), not Python callables")
+    # The tasks name this process's interpreter, which is the compute nodes' on a shared Slurm
+    # filesystem; in a pod it is the image's.
+    return [replace(c, argv=["python", *c.argv[1:]]) if c.argv[:1] == [sys.executable] else c
+            for c in commands]  # type: ignore[union-attr]
+
+
+def submit(api: KubernetesApi, body: dict[str, Any]) -> SubmittedJob:
+    meta = body["metadata"]
+    if body["kind"] == "PyTorchJob":
+        api.custom.create_namespaced_custom_object(KUBEFLOW_GROUP, KUBEFLOW_VERSION, meta["namespace"], PYTORCHJOBS, body)
+    else:
+        api.batch.create_namespaced_job(meta["namespace"], body)
+    return SubmittedJob(body["kind"], meta["name"], meta["namespace"])
+
+
+def cancel(api: KubernetesApi, job: SubmittedJob) -> None:
+    """Delete the job and, before it is gone, its pods (foreground propagation), so a cancelled
+    training job's ranks are stopped before anything resubmits beside them."""
+    from kubernetes.client import V1DeleteOptions
+    from kubernetes.client.exceptions import ApiException
+
+    options = V1DeleteOptions(propagation_policy="Foreground")
+    try:
+        if job.kind == "PyTorchJob":
+            api.custom.delete_namespaced_custom_object(KUBEFLOW_GROUP, KUBEFLOW_VERSION, job.namespace, PYTORCHJOBS,
+                                                       job.name, body=options)
+        else:
+            api.batch.delete_namespaced_job(job.name, job.namespace, body=options)
+    except ApiException as exc:
+        if exc.status != 404:  # already gone is what was asked
+            raise
+
+
+def _status(api: KubernetesApi, job: SubmittedJob) -> dict[str, Any]:
+    if job.kind == "PyTorchJob":
+        obj = api.custom.get_namespaced_custom_object_status(KUBEFLOW_GROUP, KUBEFLOW_VERSION, job.namespace,
+                                                            PYTORCHJOBS, job.name)
+        return obj.get("status") or {}
+    return api.serialize(api.batch.read_namespaced_job_status(job.name, job.namespace).status) or {}
+
+
+def _pods(api: KubernetesApi, job: SubmittedJob) -> list[tuple[str, PodOutcome]]:
+    label = PYTORCHJOB_POD_LABEL if job.kind == "PyTorchJob" else JOB_POD_LABEL
+    pods = api.core.list_namespaced_pod(job.namespace, label_selector=f"{label}={job.name}").items
+    seen = []
+    for pod in pods:
+        status = api.serialize(pod.status) or {}
+        if status.get("phase") not in (None, "Pending"):
+            job.logs.follow(api.core, job.namespace, pod.metadata.name)
+        seen.append((pod.metadata.name, pod_outcome(status, pod.spec.node_name or "")))
+    return seen
+
+
+def wait_all(api: KubernetesApi, jobs: list[SubmittedJob], names: list[str], poll_s: float = 5.0,
+             max_wait_s: float | None = None, on_poll: Callable[[], None] | None = None,
+             ) -> list[PodOutcome | SlurmJobFailed]:
+    """Follow ``jobs`` to their ends, their pods' logs streamed into the task's log; a
+    cancelled flow run deletes them and raises :class:`FlowRunCancelled`."""
+    logger = _logger()
+    outcomes: list[PodOutcome | SlurmJobFailed | None] = [None] * len(jobs)
+    deadline = None if max_wait_s is None else time.monotonic() + max_wait_s
+    watch = CancelWatch()
+    pending = list(range(len(jobs)))
+    while pending:
+        for i in list(pending):
+            job = jobs[i]
+            pods = _pods(api, job)
+            outcome = job_outcome(_status(api, job), [p for _, p in pods])
+            if outcome.state:
+                time.sleep(0.5)  # the log streams deliver the last lines as the pods end
+            for pod, line in job.logs.read_new():
+                logger.info("[%s] %s", pod, line)
+            if outcome.state:
+                pending.remove(i)
+                outcomes[i] = outcome if outcome.state == "COMPLETED" else SlurmJobFailed(
+                    job.job_id, names[i], outcome.state, outcome.detail, list(job.logs.tail),
+                    exit_code=outcome.exit_code, nodes=outcome.node, log_path=f"kubectl logs -n {job.namespace} "
+                    f"-l {PYTORCHJOB_POD_LABEL if job.kind == 'PyTorchJob' else JOB_POD_LABEL}={job.name}")
+        if pending and deadline is not None and time.monotonic() > deadline:
+            for i in pending:
+                cancel(api, jobs[i])
+                outcomes[i] = SlurmJobFailed(jobs[i].job_id, names[i], "CANCELLED", f"no result after {max_wait_s:.0f} s",
+                                             list(jobs[i].logs.tail))
+            break
+        if pending and (state := watch.cancelled()):
+            for i in pending:
+                cancel(api, jobs[i])
+            ids = ", ".join(jobs[i].job_id for i in pending)
+            logger.warning("the flow run is %s: deleted Kubernetes job(s) %s", state, ids)
+            raise FlowRunCancelled(f"the flow run was cancelled ({state}); deleted Kubernetes job(s) {ids}")
+        if pending:
+            if on_poll is not None:
+                on_poll()
+            time.sleep(poll_s)
+    return outcomes  # type: ignore[return-value]
+
+
+def run_job(request: JobRequest, target: KubernetesTarget, poll_s: float = 5.0, max_wait_s: float | None = None,
+            on_poll: Callable[[], None] | None = None, nodes: tuple[str, ...] = ()) -> list[int]:
+    """Submit, follow and return one result per node (0, the exit code of a command that
+    succeeded, as the Slurm layer's Command returns it); the job never outlives this call."""
+    api = KubernetesApi(target.cluster)
+    job = submit(api, manifest_for(request, target, _commands([request]), request.name, nodes))
+    _logger().info("submitted %s as %s %s", request.name, job.kind, job.job_id)
+    try:
+        (outcome,) = wait_all(api, [job], [request.name], poll_s, max_wait_s, on_poll)
+    finally:
+        cancel_if_running(api, job)
+    if isinstance(outcome, SlurmJobFailed):
+        raise outcome
+    return [0] * request.nodes
+
+
+def run_array(requests: list[JobRequest], target: KubernetesTarget, poll_s: float = 5.0,
+              max_wait_s: float | None = None) -> list[list[int] | SlurmJobFailed]:
+    """Same-shaped requests as one Indexed Job; every index's outcome (an index that failed is a
+    :class:`SlurmJobFailed`, the others ``[0]``)."""
+    api = KubernetesApi(target.cluster)
+    job = submit(api, manifest_for(requests[0], target, _commands(requests), requests[0].name.split("-")[0]))
+    _logger().info("submitted %d x %s as Indexed Job %s", len(requests), requests[0].name, job.job_id)
+    try:
+        (outcome,) = wait_all(api, [job], [requests[0].name], poll_s, max_wait_s)
+        # an index the job lists as failed failed; a job ended as a whole (deleted, past its
+        # deadline) failed every index that had not finished
+        failed = (failed_indexes(_status(api, job)) or set(range(len(requests)))
+                  if isinstance(outcome, SlurmJobFailed) else set())
+    finally:
+        cancel_if_running(api, job)
+    return [outcome if i in failed else [0] for i in range(len(requests))]  # type: ignore[misc]
+
+
+def failed_indexes(status: dict[str, Any]) -> set[int]:
+    """The indexes an Indexed Job lists as failed (``failedIndexes``, "1,3-5,7")."""
+    indexes: set[int] = set()
+    for part in filter(None, (status.get("failedIndexes") or "").split(",")):
+        first, _, last = part.partition("-")
+        indexes.update(range(int(first), int(last or first) + 1))
+    return indexes
+
+
+def cancel_if_running(api: KubernetesApi, job: SubmittedJob) -> None:
+    """A job left by an exception (a cancelled flow, a crash) is deleted; a finished one is left
+    to its ttlSecondsAfterFinished, so `kubectl logs` still shows it."""
+    if job_condition(_status(api, job)) is None:
+        cancel(api, job)

@@ -1,0 +1,219 @@
+"""Kubernetes manifests of the stages, pure functions of the spec and the KubernetesCluster block:
+a one-node stage is a batch/v1 Job, tokenize's shards one Indexed Job, training (and a
+multi-node precompile) a Kubeflow PyTorchJob: the EKS runbook's getdata/prepdata Jobs and its
+PyTorchJob, rendered from the same spec as the Slurm scripts.
+
+Every pod mounts the shared volume where the spec's outputs live and runs the stage's command
+line through bash, which sets the names the command lines use for the distributed environment
+($NNODES, $NODE_RANK, $MASTER_ADDR, $MASTER_PORT) from what the Job or the training operator
+gives the pod, as the Slurm job layer does from Slurm's.
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+from pathlib import PurePosixPath
+from typing import TYPE_CHECKING, Any
+
+from jobs.node import Command
+from render.megatron_lm import MASTER_PORT
+from render.shell import shell_line
+
+if TYPE_CHECKING:  # a Prefect block; rendering only reads it
+    from blocks.kubernetes import KubernetesCluster
+    from pretrain.spec import PretrainSpec
+
+JOB_API, PYTORCHJOB_API = "batch/v1", "kubeflow.org/v1"
+CONTAINER = "pytorch"  # the training operator finds the training container by this name
+# The operator reads the rendezvous port from the container port of this name (default 23456);
+# naming it keeps the port the rendered torchrun lines use.
+PORT_NAME = "pytorchjob-port"
+# Pods of a PyTorchJob carry their replica's index in this label (training-operator v1.9
+# pkg/controller.v1/common/pod.go); an elastic job has no master to number the nodes.
+REPLICA_INDEX_LABEL = "training.kubeflow.org/replica-index"
+# Job names become pod label values (job-name), at most 63 characters, and the job layer adds a
+# unique suffix; an Indexed Job's pods add their index to the name.
+MAX_NAME = 52
+
+ONE_NODE = {"NNODES": "1", "NODE_RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(MASTER_PORT)}
+
+
+def object_name(text: str) -> str:
+    """``text`` as a Kubernetes object name (RFC 1123 label: lowercase letters, digits, '-')."""
+    name = re.sub(r"[^a-z0-9-]+", "-", text.lower()).strip("-")[:MAX_NAME].strip("-")
+    if not name:
+        raise ValueError(f"{text!r} has no letter or digit to name a Kubernetes object with")
+    return name
+
+
+def image(cluster: KubernetesCluster, spec: PretrainSpec) -> str:
+    settings = spec.backend.megatron_lm
+    found = cluster.image or (settings.container_image if settings else None)
+    if not found:
+        raise ValueError("no image for the pods: set the KubernetesCluster block's image, or "
+                         "backend.megatron_lm.container_image")
+    return found
+
+
+def check_paths(cluster: KubernetesCluster, spec: PretrainSpec) -> None:
+    """Every stage reads what an earlier one wrote: the outputs must be on the shared volume."""
+    if not PurePosixPath(spec.paths.root).is_relative_to(cluster.mount_path):
+        raise ValueError(f"paths.root={spec.paths.root} is not under the KubernetesCluster block's mount_path "
+                         f"{cluster.mount_path}: the pods could not see each other's outputs; set paths.root "
+                         f"to a directory under {cluster.mount_path}")
+
+
+def _cuda(spec: PretrainSpec) -> bool:
+    backend = spec.backend
+    return backend.kind == "megatron-lm" or (backend.kind == "native" and backend.native.device == "cuda")
+
+
+def training_resources(cluster: KubernetesCluster, spec: PretrainSpec) -> dict[str, str]:
+    """What one training node asks for. Quantities are strings, as the Kubernetes schema types
+    them; extended resources (GPUs, EFA) and hugepages must be requested as much as limited, so
+    one map serves as both."""
+    gpus = cluster.gpus_per_node if cluster.gpus_per_node is not None else (
+        spec.cluster.devices_per_node if _cuda(spec) else 0)
+    wanted = {"nvidia.com/gpu": gpus or None, "vpc.amazonaws.com/efa": cluster.efa_per_node or None,
+              "hugepages-2Mi": cluster.hugepages_2mi, "memory": cluster.memory, "cpu": cluster.cpu}
+    return {name: str(value) for name, value in wanted.items() if value is not None}
+
+
+def data_resources(cpus: int | None, mem_gb: float | None) -> dict[str, str]:
+    wanted = {"cpu": str(cpus) if cpus else None, "memory": f"{int(mem_gb * 1024)}Mi" if mem_gb else None}
+    return {name: value for name, value in wanted.items() if value is not None}
+
+
+def _script(command: Command, exports: str) -> list[str]:
+    """The command line, run by bash after ``exports`` so its $NAMEs expand on the node."""
+    line = shell_line(command.argv)
+    return ["bash", "-c", f"{exports}exec {line}" if exports else f"exec {line}"]
+
+
+def _container(cluster: KubernetesCluster, spec: PretrainSpec, command: list[str], env: dict[str, str],
+               resources: dict[str, str], cwd: str | None, extra_mounts: list[dict[str, Any]],
+               extra_env: list[dict[str, Any]] = (), ports: list[dict[str, Any]] = ()) -> dict[str, Any]:
+    container: dict[str, Any] = {
+        "name": CONTAINER, "image": image(cluster, spec), "imagePullPolicy": cluster.image_pull_policy,
+        "command": command, "env": [{"name": k, "value": v} for k, v in env.items()] + list(extra_env),
+        "volumeMounts": [{"name": "shared", "mountPath": cluster.mount_path}, *extra_mounts]}
+    if resources:
+        container["resources"] = {"requests": dict(resources), "limits": dict(resources)}
+    if cwd:
+        container["workingDir"] = cwd
+    if ports:
+        container["ports"] = list(ports)
+    return container
+
+
+def _pod_spec(cluster: KubernetesCluster, container: dict[str, Any], restart: str, training: bool,
+              nodes: tuple[str, ...] = ()) -> dict[str, Any]:
+    volumes: list[dict[str, Any]] = [{"name": "shared", "persistentVolumeClaim": {"claimName": cluster.volume_claim}}]
+    if training and cluster.shm_size:
+        volumes.append({"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": cluster.shm_size}})
+    pod: dict[str, Any] = {"restartPolicy": restart, "containers": [container], "volumes": volumes}
+    if cluster.service_account:
+        pod["serviceAccountName"] = cluster.service_account
+    if cluster.node_selector:
+        pod["nodeSelector"] = dict(cluster.node_selector)
+    if cluster.tolerations:
+        pod["tolerations"] = [t.model_dump(exclude_none=True) for t in cluster.tolerations]
+    if cluster.priority_class:
+        pod["priorityClassName"] = cluster.priority_class
+    if nodes:
+        pod["affinity"] = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+            {"matchExpressions": [{"key": "kubernetes.io/hostname", "operator": "In", "values": list(nodes)}]}]}}}
+    return pod
+
+
+def _metadata(cluster: KubernetesCluster, spec: PretrainSpec, name: str, stage: str) -> dict[str, Any]:
+    return {"name": object_name(name), "namespace": cluster.namespace, "labels": stage_labels(spec, stage)}
+
+
+def stage_labels(spec: PretrainSpec, stage: str) -> dict[str, str]:
+    """Labels of every object and pod of a stage: `kubectl get pods -l pretrain/run=NAME` lists a run's."""
+    return {"app.kubernetes.io/part-of": "pretrain-pipeline", "pretrain/run": object_name(spec.name),
+            "pretrain/stage": object_name(stage)}
+
+
+def _job(cluster: KubernetesCluster, spec: PretrainSpec, name: str, stage: str, time_limit_min: int,
+         pod: dict[str, Any], **job_spec: Any) -> dict[str, Any]:
+    # backoffLimit 0: a failed pod fails the Job, and the Prefect task's retries decide, as on
+    # Slurm; activeDeadlineSeconds is the time limit.
+    body: dict[str, Any] = {"backoffLimit": 0, "activeDeadlineSeconds": time_limit_min * 60, **job_spec,
+                            "template": {"metadata": {"labels": stage_labels(spec, stage)}, "spec": pod}}
+    if cluster.ttl_seconds_after_finished is not None:
+        body["ttlSecondsAfterFinished"] = cluster.ttl_seconds_after_finished
+    return {"apiVersion": JOB_API, "kind": "Job", "metadata": _metadata(cluster, spec, name, stage), "spec": body}
+
+
+def batch_job(cluster: KubernetesCluster, spec: PretrainSpec, name: str, stage: str, command: Command,
+              time_limit_min: int, cpus: int | None = None, mem_gb: float | None = None) -> dict[str, Any]:
+    """A one-node stage (fetch's getdata, convert, tokenize's merge, a one-node precompile)."""
+    container = _container(cluster, spec, _script(command, ""), {**ONE_NODE, **command.env},
+                           data_resources(cpus, mem_gb), command.cwd, [])
+    return _job(cluster, spec, name, stage, time_limit_min, _pod_spec(cluster, container, "Never", False))
+
+
+def indexed_job(cluster: KubernetesCluster, spec: PretrainSpec, name: str, stage: str, commands: list[Command],
+                time_limit_min: int, cpus: int | None = None, mem_gb: float | None = None) -> dict[str, Any]:
+    """Same-shaped commands (tokenize's shards) as one Indexed Job, the Slurm array's equivalent:
+    pod ``i`` runs ``commands[i]``, chosen by the index the Job controller gives it
+    ($JOB_COMPLETION_INDEX). Each index fails alone (backoffLimitPerIndex 0), so the others
+    finish and a retry reruns only the failed shards."""
+    if len({tuple(sorted(c.env.items())) for c in commands}) > 1 or len({c.cwd for c in commands}) > 1:
+        raise ValueError(f"{name}: the commands of one Indexed Job share their environment and directory")
+    cases = " ".join(f"{i}) exec {shell_line(c.argv)};;" for i, c in enumerate(commands))
+    script = ["bash", "-c", f'case "$JOB_COMPLETION_INDEX" in {cases} esac; '
+                            'echo "no command for index $JOB_COMPLETION_INDEX" >&2; exit 2']
+    container = _container(cluster, spec, script, {**ONE_NODE, **commands[0].env}, data_resources(cpus, mem_gb),
+                           commands[0].cwd, [])
+    return _job(cluster, spec, name, stage, time_limit_min, _pod_spec(cluster, container, "Never", False),
+                completionMode="Indexed", completions=len(commands), parallelism=len(commands),
+                backoffLimitPerIndex=0, backoffLimit=len(commands))
+
+
+def pytorch_job(cluster: KubernetesCluster, spec: PretrainSpec, name: str, stage: str, command: Command,
+                time_limit_min: int, max_restarts: int = 0, nodes: tuple[str, ...] = ()) -> dict[str, Any]:
+    """Training on ``cluster.nodes`` pods, ``devices_per_node`` processes each, as the EKS
+    runbook's PyTorchJob. Without ``cluster.elastic``: a Master (node 0) and Workers, the operator
+    giving each pod its node rank (PET_NODE_RANK) and the master's address. With it: Workers
+    only, under an elasticPolicy (c10d rendezvous, as many nodes as the spec, torchrun restarting
+    the ranks up to ``max_restarts`` times when a node is lost and replaced), each pod numbered by
+    its replica index. ``nodes``: the Kubernetes nodes to run on (training after a precompile
+    that filled per-node caches there)."""
+    c = spec.cluster
+    if cluster.elastic:
+        exports = 'export NNODES="$PET_NNODES" NODE_RANK="$REPLICA_INDEX" MASTER_ADDR="${PET_RDZV_ENDPOINT%:*}"; '
+        downward = [{"name": "REPLICA_INDEX", "valueFrom": {"fieldRef": {
+            "fieldPath": f"metadata.labels['{REPLICA_INDEX_LABEL}']"}}}]
+    else:
+        exports, downward = 'export NNODES="$PET_NNODES" NODE_RANK="$PET_NODE_RANK"; ', []
+    shm = [{"name": "shm", "mountPath": "/dev/shm"}] if cluster.shm_size else []
+    # MASTER_ADDR and MASTER_PORT come from the operator (the port from the named container port)
+    container = _container(cluster, spec, _script(command, exports), dict(command.env),
+                           training_resources(cluster, spec), command.cwd, shm, downward,
+                           [{"name": PORT_NAME, "containerPort": MASTER_PORT, "protocol": "TCP"}])
+    restart = "OnFailure" if cluster.elastic else "Never"
+
+    def replica(count: int) -> dict[str, Any]:
+        return {"replicas": count, "restartPolicy": restart,
+                "template": {"metadata": {"labels": stage_labels(spec, stage)},
+                             "spec": _pod_spec(cluster, copy.deepcopy(container), restart, True, nodes)}}
+
+    if cluster.elastic:
+        replicas = {"Worker": replica(c.nodes)}
+    else:
+        replicas = {"Master": replica(1), **({"Worker": replica(c.nodes - 1)} if c.nodes > 1 else {})}
+    run_policy: dict[str, Any] = {"cleanPodPolicy": "None", "backoffLimit": max_restarts if cluster.elastic else 0,
+                                  "activeDeadlineSeconds": time_limit_min * 60}
+    if cluster.ttl_seconds_after_finished is not None:
+        run_policy["ttlSecondsAfterFinished"] = cluster.ttl_seconds_after_finished
+    body: dict[str, Any] = {"nprocPerNode": str(c.devices_per_node), "pytorchReplicaSpecs": replicas,
+                            "runPolicy": run_policy}
+    if cluster.elastic:
+        body["elasticPolicy"] = {"rdzvBackend": "c10d", "minReplicas": c.nodes, "maxReplicas": c.nodes,
+                                 "maxRestarts": max_restarts}
+    return {"apiVersion": PYTORCHJOB_API, "kind": "PyTorchJob", "metadata": _metadata(cluster, spec, name, stage),
+            "spec": body}

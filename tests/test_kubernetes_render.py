@@ -1,0 +1,119 @@
+"""The Kubernetes objects of a run, rendered from the spec and the KubernetesCluster block, are
+valid against the real schemas: batch/v1 Job and Pod of Kubernetes v1.37.0, the PyTorchJob CRD
+of Kubeflow training-operator v1.9.0 (tests/assets/kubernetes/SOURCES.md)."""
+
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+import yaml
+
+from cli.main import main
+from blocks.kubernetes import KubernetesCluster, Toleration, runbook_cluster
+from jobs.node import Command
+from pretrain.presets import load_spec
+from render import kubernetes
+from tasks.dry_run import render_files
+from tests.kubernetes_schemas import invalid
+
+pytestmark = pytest.mark.pure
+
+IMAGE = "123456789012.dkr.ecr.us-east-1.amazonaws.com/megatron-lm:0.16.1"
+
+
+def eks() -> KubernetesCluster:
+    return runbook_cluster().model_copy(update={
+        "image": IMAGE, "namespace": "training", "service_account": "pretrain", "hugepages_2mi": "5120Mi",
+        "memory": "1800Gi", "cpu": "180", "priority_class": "training",
+        "tolerations": [Toleration(key="nvidia.com/gpu", operator="Exists", effect="NoSchedule")]})
+
+
+def test_every_object_of_the_eks_preset_validates_and_carries_the_runbooks_shape():
+    spec = load_spec("gpt3-7.5b-eks")
+    files = render_files(spec, eks())
+    assert {"k8s_tokenize.yaml", "k8s_train.yaml"} <= set(files) and not any(k.startswith("sbatch_") for k in files)
+    bodies = {name: yaml.safe_load(text) for name, text in files.items() if name.startswith("k8s_")}
+    for name, body in bodies.items():
+        assert invalid(body) == [], name
+    train = bodies["k8s_train.yaml"]["spec"]
+    assert train["nprocPerNode"] == "8" and set(train["pytorchReplicaSpecs"]) == {"Master", "Worker"}
+    assert train["pytorchReplicaSpecs"]["Worker"]["replicas"] == 1  # 2 nodes: the master and one worker
+    pod = train["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert container["resources"]["limits"] == {"nvidia.com/gpu": "8", "vpc.amazonaws.com/efa": "32",
+                                                "hugepages-2Mi": "5120Mi", "memory": "1800Gi", "cpu": "180"}
+    assert container["resources"]["requests"] == container["resources"]["limits"]
+    assert {"name": "shared", "persistentVolumeClaim": {"claimName": "fsx-claim"}} in pod["volumes"]
+    assert {"name": "shared", "mountPath": "/fsx"} in container["volumeMounts"]
+    assert pod["nodeSelector"] == {"node.kubernetes.io/instance-type": "p5.48xlarge"}
+    # The same torchrun line as on Slurm, its node rank and size from the training operator.
+    script = container["command"][2]
+    assert script.startswith('export NNODES="$PET_NNODES" NODE_RANK="$PET_NODE_RANK"; exec bash -c')
+    assert "--nproc_per_node 8" in script and "--master_port 29500" in script
+    assert container["ports"] == [{"name": "pytorchjob-port", "containerPort": 29500, "protocol": "TCP"}]
+    assert "elasticPolicy" not in train and train["runPolicy"]["backoffLimit"] == 0
+    tokenize = bodies["k8s_tokenize.yaml"]["spec"]
+    assert tokenize["completionMode"] == "Indexed" and tokenize["backoffLimitPerIndex"] == 0
+
+
+def test_elastic_training_and_precompile_affinity_validate():
+    spec = load_spec("gpt3-7.5b-eks", ["cluster.nodes=4"])
+    cluster = eks().model_copy(update={"elastic": True})
+    body = kubernetes.pytorch_job(cluster, spec, "gpt-train", "train", Command(["torchrun", "--nnodes", "$NNODES"]),
+                                  60, max_restarts=3, nodes=("ip-10-0-1-1", "ip-10-0-1-2"))
+    assert invalid(body) == []
+    assert body["spec"]["elasticPolicy"] == {"rdzvBackend": "c10d", "minReplicas": 4, "maxReplicas": 4, "maxRestarts": 3}
+    assert set(body["spec"]["pytorchReplicaSpecs"]) == {"Worker"}
+    pod = body["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]
+    term = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"][0]
+    assert term["matchExpressions"][0]["values"] == ["ip-10-0-1-1", "ip-10-0-1-2"]
+
+
+def test_neuron_preset_renders_convert_precompile_and_train_that_validate():
+    spec = load_spec("llama3-70b-trn2", ["model.init_from=/fsx/Meta-Llama-3-70B", "paths.root=/fsx/pretrain"])
+    files = render_files(spec, eks())
+    assert {"k8s_convert.yaml", "k8s_precompile.yaml", "k8s_train.yaml"} <= set(files)
+    for name in ("k8s_tokenize.yaml", "k8s_convert.yaml", "k8s_precompile.yaml", "k8s_train.yaml"):
+        assert invalid(yaml.safe_load(files[name])) == [], name
+
+
+def test_the_schemas_catch_what_the_api_server_would_refuse():
+    """The validation has teeth: a typo'd field, an integer where the CRD wants a string, a
+    missing container name are each reported."""
+    spec = load_spec("gpt3-7.5b-eks")
+    train = kubernetes.pytorch_job(eks(), spec, "t", "train", Command(["true"]), 60)
+    train["spec"]["nprocPerNode"] = 8
+    assert any("nprocPerNode" in e for e in invalid(train))
+    job = kubernetes.batch_job(eks(), spec, "j", "convert", Command(["true"]), 60)
+    job["spec"]["template"]["spec"]["nodeSelecter"] = {}
+    del job["spec"]["template"]["spec"]["containers"][0]["name"]
+    problems = invalid(job)
+    assert any("nodeSelecter" in e for e in problems) and any("'name' is a required property" in e for e in problems)
+
+
+def test_indexed_job_runs_each_command_by_its_index():
+    spec = load_spec("gpt3-7.5b-eks")
+    body = kubernetes.indexed_job(eks(), spec, "tok", "tokenize", [Command(["echo", "a b"]), Command(["echo", "c"])], 10)
+    script = body["spec"]["template"]["spec"]["containers"][0]["command"]
+    for index, expected in (("0", "a b"), ("1", "c")):
+        done = subprocess.run(script, env={"JOB_COMPLETION_INDEX": index, "PATH": "/usr/bin:/bin"},
+                              capture_output=True, text=True)
+        assert done.stdout == f"{expected}\n"
+    assert subprocess.run(script, env={"JOB_COMPLETION_INDEX": "2", "PATH": "/usr/bin:/bin"}).returncode == 2
+
+
+def test_paths_outside_the_volume_and_a_missing_image_are_refused():
+    spec = load_spec("gpt3-7.5b-eks", ["paths.root=/home/ubuntu/data"])
+    with pytest.raises(ValueError, match="paths.root=/home/ubuntu/data is not under .* mount_path /fsx"):
+        kubernetes.check_paths(eks(), spec)
+    spec = load_spec("gpt3-7.5b-eks", ["backend.megatron_lm.container_image=null"])
+    with pytest.raises(ValueError, match="no image for the pods"):
+        kubernetes.batch_job(runbook_cluster(), spec, "j", "fetch", Command(["true"]), 10)
+
+
+def test_cli_render_of_the_eks_preset_writes_the_jobs_and_the_pytorchjob(tmp_path):
+    """Without a Prefect server at hand, the render uses the runbook's cluster (runbook_cluster)."""
+    assert main(["render", "gpt3-7.5b-eks", "--out", str(tmp_path)]) == 0
+    for name in ("k8s_tokenize.yaml", "k8s_train.yaml"):
+        assert invalid(yaml.safe_load((tmp_path / name).read_text())) == [], name
