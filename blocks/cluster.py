@@ -50,6 +50,11 @@ class SlurmCluster(Block):
         description="A job whose flow process has stopped following it for this long (the flow "
         "process was killed, its machine died) cancels itself, so no job outlives its pipeline; "
         "0 never.")
+    preflight_max_age_min: int = Field(
+        360, ge=0,
+        description="A run that queues jobs on more than one node first runs a one-node probe of what its "
+        "backend needs; it skips the probe when the same block and spec passed it this recently (minutes). "
+        "0 probes before every such run.")
     job_folder: str | None = Field(
         None,
         description="Shared-filesystem directory for job scripts and logs; defaults to "

@@ -1,5 +1,7 @@
 """The `pretrain` flow: the runbook from raw data to a trained model, one task per stage.
 
+0. preflight: refuse what this host or the cluster cannot run before anything is queued; before
+   jobs on many nodes, a one-node probe of what the backend needs there.
 1. fetch: every data source of the spec to a content-addressed directory on the shared disk.
 2. tokenize: the fetched JSONL to a Megatron indexed dataset, as a Slurm array and a merge (to
    NxD's Arrow blocks for NxDT's Llama configs); a fetched dataset tokenized already is handed on.
@@ -26,6 +28,7 @@ from pretrain.spec import PretrainSpec
 from tasks.convert import convert
 from tasks.fetch import fetch
 from tasks.precompile import precompile_native, precompile_neuron
+from tasks.preflight import preflight
 from tasks.dry_run import publish_rendered
 from jobs.slurm import FlowRunCancelled, jobs_of_this_flow_run, raise_if_cancelled
 from tasks.tokenize import tokenize
@@ -65,6 +68,7 @@ def run_stages(spec: PretrainSpec, stages: list[str] | None = None,
     selected = set(STAGES if stages is None else stages)
     stage = stage or StageTimer()
     outputs = stage.outputs
+    stage("preflight", preflight, spec, sorted(selected))
     data_dir = stage("fetch", fetch, spec, reuse_only="fetch" not in selected)
     outputs["fetch"] = data_dir
     if selected <= {"fetch"}:

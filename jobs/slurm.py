@@ -12,6 +12,7 @@ import atexit
 import functools
 import logging
 import os
+import re
 import shutil
 import signal
 import socket
@@ -35,6 +36,7 @@ from prefect.states import Cancelled, State
 from blocks.cluster import SlurmCluster
 from jobs.log_lines import LineSplitter
 from jobs.node import LEASE, Leased
+from jobs.pending import QueueWatch
 
 # sacct states after which the job will not run again (REQUEUED is followed by a restart, and
 # PREEMPTED too where the partition requeues preempted jobs: `ended` tells).
@@ -89,13 +91,24 @@ class SacctRecord:
     elapsed: str
 
 
+# The shell's exit statuses for a command it could not find (127) or not execute (126) (POSIX,
+# Shell Command Language, 2.8.2 "Exit Status for Commands"): a tool missing on the node, which a
+# second attempt on the same nodes meets again.
+_NOT_FOUND = re.compile(r"failed with exit code 12[67]\b")
+
+
 class SlurmJobFailed(RuntimeError):
-    """A job that Slurm (or the local executor) ended without a successful result."""
+    """A job that Slurm (or the local executor) ended without a successful result.
+
+    ``retryable`` tells Prefect's retry condition (tasks/artifacts.py) whether another attempt can
+    end otherwise: not when the command was not found on the node, nor when Slurm would never start
+    the job; ``None`` derives it from ``detail``."""
 
     def __init__(self, job_id: str, name: str, state: str, detail: str, log_tail: list[str],
-                 exit_code: str = "", nodes: str = "", log_path: str = ""):
+                 exit_code: str = "", nodes: str = "", log_path: str = "", retryable: bool | None = None):
         self.job_id, self.name, self.state = job_id, name, state
         self.exit_code, self.nodes, self.log_tail = exit_code, nodes, log_tail
+        self.retryable = not _NOT_FOUND.search(detail) if retryable is None else retryable
         lines = [f"job {job_id} ({name}) ended {state}"
                  + (f" with exit code {exit_code}" if exit_code else "")
                  + (f" on {nodes}" if nodes else "")
@@ -209,7 +222,7 @@ def slurm_parameters(cluster: SlurmCluster, request: JobRequest) -> dict[str, An
         "ntasks_per_node": request.tasks_per_node,
         "signal_delay_s": request.signal_delay_s,
         "setup": list(cluster.setup),
-        "additional_parameters": dict(cluster.sbatch_options),
+        "additional_parameters": {**multi_node_options(request.nodes), **cluster.sbatch_options},
     }
     optional = {
         "cpus_per_task": request.cpus_per_task,
@@ -230,6 +243,75 @@ def slurm_parameters(cluster: SlurmCluster, request: JobRequest) -> dict[str, An
             srun_args.append(f"--container-mounts={','.join(cluster.container_mounts)}")
         params["srun_args"] = srun_args
     return params
+
+
+def multi_node_options(nodes: int) -> dict[str, int]:
+    """sbatch options of every job on more than one node: ``--wait-all-nodes=1`` starts the batch
+    script only once all its nodes have booted, as the Megatron-LM runbooks' multi-node scripts ask
+    (aws-samples/awsome-distributed-training, 3.test_cases/megatron/megatron-lm/slurm/gpt3/
+    2.distributed-training.sbatch and llama2/pretrain-llama2.sbatch); on clusters that power nodes
+    up on demand (ParallelCluster, HyperPod) the first node would otherwise start the launch while
+    the others boot."""
+    return {"wait_all_nodes": 1} if nodes > 1 else {}
+
+
+# ---------------------------------------------------------------- what this host or Slurm refuses
+
+class ClusterMismatch(ValueError):
+    """The spec asks for what the cluster cannot give (nodes, memory, a tool, a device): the same
+    answer every time."""
+
+    retryable = False
+
+
+def host_free_bytes() -> int:
+    """Memory this host can give a new process without swapping (``MemAvailable``, proc(5))."""
+    with open("/proc/meminfo") as meminfo:
+        fields = dict(line.split(":", 1) for line in meminfo)
+    return int(fields["MemAvailable"].split()[0]) * 1024
+
+
+def local_refusal(name: str, nodes: int, memory_bytes: int = 0) -> ClusterMismatch | None:
+    """Why the local executor, which runs jobs as processes of this host, must not run a job of
+    ``nodes`` nodes needing ``memory_bytes``; None when it may. The one rule for the job layer and
+    the flow's preflight alike."""
+    fix = ("run it on a Slurm cluster (cluster.executor=slurm, or a SlurmCluster block in cluster.block; "
+           "`pretrain stack up` starts a local one)")
+    if nodes > 1:
+        return ClusterMismatch(f"{name}: the local executor runs 1 node, not {nodes} (cluster.nodes={nodes}); {fix}")
+    if memory_bytes > (free := host_free_bytes()):
+        return ClusterMismatch(f"{name}: needs {memory_bytes / 2**30:.1f} GiB of memory and this host, where the "
+                               f"local executor runs it, has {free / 2**30:.1f} GiB free; {fix}")
+    return None
+
+
+class SubmissionRefused(RuntimeError):
+    """sbatch refused the job."""
+
+    def __init__(self, message: str, retryable: bool):
+        super().__init__(message)
+        self.retryable = retryable
+
+
+# sbatch's refusals of a request the cluster can never grant (Slurm's error strings,
+# src/common/slurm_errno.c); others, such as "Socket timed out" or "Slurm temporarily unable to
+# accept job", may pass.
+_REQUEST_REFUSED = ("Invalid partition name", "Node count specification invalid",
+                    "Requested node configuration is not available", "More processors requested than permitted",
+                    "Invalid account", "Invalid qos", "Requested time limit is invalid",
+                    "Invalid generic resource", "Invalid feature specification", "Invalid node name",
+                    "Memory required by task is not available", "Requested partition configuration not available")
+
+
+def _sbatch(name: str, submit_call: Callable[[], Any]) -> Any:
+    try:
+        return submit_call()
+    except submitit.core.utils.FailedJobError as exc:
+        text = " ".join(str(exc).split())
+        final = any(refusal.lower() in text.lower() for refusal in _REQUEST_REFUSED)
+        raise SubmissionRefused(f"{name}: sbatch refused the job: {text}"
+                                + (" (the cluster refuses this request every time: change the spec or the "
+                                   "cluster block)" if final else ""), retryable=not final) from None
 
 
 # ---------------------------------------------------------------- submitting and following
@@ -263,9 +345,8 @@ def _executor(request: JobRequest, cluster: SlurmCluster, job_dir: Path) -> subm
         executor = submitit.SlurmExecutor(folder=job_dir, python=cluster.python or sys.executable)
         executor.update_parameters(**slurm_parameters(cluster, request))
         return executor
-    if request.nodes != 1:
-        raise ValueError(f"{request.name}: the local executor runs 1 node, not {request.nodes}; "
-                         "use a Slurm cluster (cluster.executor='slurm')")
+    if (refused := local_refusal(request.name, request.nodes)) is not None:
+        raise refused
     executor = submitit.LocalExecutor(folder=job_dir)
     executor.update_parameters(timeout_min=request.time_limit_min, tasks_per_node=request.tasks_per_node,
                                signal_delay_s=request.signal_delay_s)
@@ -354,7 +435,7 @@ def submit(request: JobRequest, cluster: SlurmCluster, folder: Path) -> submitit
     job_dir = _job_dir(folder, request.name)
     executor = _executor(request, cluster, job_dir)
     _exit_on_sigterm()
-    job = executor.submit(_leased(request.command, cluster, job_dir))
+    job = _sbatch(request.name, lambda: executor.submit(_leased(request.command, cluster, job_dir)))
     _active_jobs[job.job_id] = job
     _remember([request.name], [job])
     return job
@@ -365,7 +446,8 @@ def submit_array(requests: list[JobRequest], cluster: SlurmCluster, folder: Path
     job_dir = _job_dir(folder, requests[0].name)
     executor = _executor(requests[0], cluster, job_dir)
     _exit_on_sigterm()
-    jobs = executor.submit_array([_leased(r.command, cluster, job_dir) for r in requests])
+    jobs = _sbatch(requests[0].name,
+                   lambda: executor.submit_array([_leased(r.command, cluster, job_dir) for r in requests]))
     _active_jobs.update({job.job_id: job for job in jobs})
     _remember([r.name for r in requests], jobs)
     return jobs
@@ -458,16 +540,16 @@ class CancelWatch:
         return state.name if state is not None and (state.is_cancelling() or state.is_cancelled()) else None
 
 
-def _job_finished(job: submitit.Job, kind: str) -> SacctRecord | None:
-    """None while the job may still run; else its final record.
+def _job_record(job: submitit.Job) -> tuple[SacctRecord | None, bool]:
+    """The job's record now, and whether the job has ended (it will not run again).
 
     Slurm's state decides, not the result files: a requeued or preempted attempt may leave an
     error result behind that the next attempt replaces.
     """
-    if kind == "local":
-        return SacctRecord(job.job_id, job.state, "", local_node(), "") if job.done() else None
+    if isinstance(job, submitit.LocalJob):
+        return SacctRecord(job.job_id, job.state, "", local_node(), ""), job.done()
     record = query_slurm_state(job.job_id)
-    return record if record is not None and ended(record) else None
+    return record, record is not None and ended(record)
 
 
 def ended(record: SacctRecord) -> bool:
@@ -511,10 +593,12 @@ def wait_all(jobs: list[submitit.Job], names: list[str], poll_s: float = 2.0,
     Returns, per job, its per-task results or the :class:`SlurmJobFailed` that ended it, so the
     caller can keep what succeeded and retry only what failed. ``on_poll`` runs once per poll
     while jobs are pending (progress reports, hang checks); an exception it raises ends the wait.
-    A cancelled flow run cancels the jobs and raises :class:`FlowRunCancelled`.
+    A cancelled flow run cancels the jobs and raises :class:`FlowRunCancelled`. A job Slurm keeps
+    pending for a reason it will never satisfy is cancelled and ends as a non-retryable failure.
     """
     logger = _logger()
     followers = [LogFollower(job) for job in jobs]
+    queue = [QueueWatch(job.job_id, name, logger) for job, name in zip(jobs, names)]
     outcomes: list[list[Any] | SlurmJobFailed | None] = [None] * len(jobs)
     deadline = None if max_wait_s is None else time.monotonic() + max_wait_s
     watch = CancelWatch()
@@ -527,13 +611,18 @@ def wait_all(jobs: list[submitit.Job], names: list[str], poll_s: float = 2.0,
     pending = list(range(len(jobs)))
     while pending:
         for i in list(pending):
-            kind = "local" if isinstance(jobs[i], submitit.LocalJob) else "slurm"
             stream(i)
-            if (record := _job_finished(jobs[i], kind)) is not None:
+            record, done = _job_record(jobs[i])
+            if done:
                 time.sleep(0.2)  # the last lines reach the log just before the job ends
                 stream(i)
                 _active_jobs.pop(jobs[i].job_id, None)
                 outcomes[i] = _outcome(jobs[i], names[i], record, followers[i])
+                pending.remove(i)
+            elif (not isinstance(jobs[i], submitit.LocalJob) and record is not None and record.state == "PENDING"
+                  and (never := queue[i].pending())):
+                cancel(jobs[i])
+                outcomes[i] = SlurmJobFailed(jobs[i].job_id, names[i], "PENDING", never, [], retryable=False)
                 pending.remove(i)
         if pending and deadline is not None and time.monotonic() > deadline:
             for i in pending:
@@ -592,27 +681,6 @@ def wait_gone(job: submitit.Job, timeout_s: float, poll_s: float = 1.0) -> bool:
             return False
         time.sleep(poll_s)
     return True
-
-
-def expand_nodes(nodes: str) -> list[str]:
-    """``node[1-3],gpu7`` as host names (``scontrol show hostnames``); empty for none."""
-    if not nodes or nodes in ("None assigned", "(null)"):
-        return []
-    try:
-        out = subprocess.run(["scontrol", "show", "hostnames", nodes], capture_output=True, text=True, timeout=60)
-    except FileNotFoundError:  # no Slurm on this machine (the local executor): a plain host name
-        return [nodes]
-    return out.stdout.split() if out.returncode == 0 else [nodes]
-
-
-def unhealthy_nodes(nodes: list[str]) -> set[str]:
-    """Those of ``nodes`` that Slurm now holds down, drained, failed or not responding: after a
-    NODE_FAIL, the job's node list names every node it ran on, and this tells which one failed."""
-    if not nodes:
-        return set()
-    out = subprocess.run(["sinfo", "--noheader", "--Node", "--nodes", ",".join(nodes), "--format", "%N",
-                          "--states", "down,drain,fail,no_respond"], capture_output=True, text=True, timeout=60)
-    return set(out.stdout.split()) & set(nodes) if out.returncode == 0 else set()
 
 
 class MissingClusterBlock(ValueError):

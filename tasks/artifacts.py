@@ -8,6 +8,8 @@ import json
 import re
 from pathlib import Path
 
+import pydantic
+
 
 def artifact_key(spec_name: str, stage: str) -> str:
     """Prefect allows only lowercase letters, digits and dashes in a key."""
@@ -16,10 +18,20 @@ def artifact_key(spec_name: str, stage: str) -> str:
 
 
 def retryable(task, task_run, state) -> bool:
-    """Prefect ``retry_condition_fn``: no retry for an error that says trying again cannot help
-    (``retryable = False`` on the exception: bad input, a missing earlier output)."""
+    """Prefect ``retry_condition_fn`` of every stage task: whether another attempt can end otherwise.
+
+    Not the error's type decides but what it says of itself, through its causes: the first
+    ``retryable`` attribute found (bad input, a missing earlier output, a cluster that lacks nodes
+    or a tool, a job Slurm will never start, a refused sbatch: see jobs/slurm.py) and a spec that
+    fails validation. Anything else (a node that died, a dropped connection) is retried."""
     exc = state.result(raise_on_failure=False)
-    return getattr(exc, "retryable", True)
+    while exc is not None:
+        if hasattr(exc, "retryable"):
+            return bool(exc.retryable)
+        if isinstance(exc, pydantic.ValidationError):
+            return False
+        exc = exc.__cause__ or (None if exc.__suppress_context__ else exc.__context__)
+    return True
 
 
 def native_compile_rows(record_path: Path) -> list[dict]:

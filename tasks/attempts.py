@@ -19,8 +19,9 @@ from prefect.logging import get_run_logger
 from prefect.runtime import flow_run
 
 from blocks.cluster import SlurmCluster
-from jobs.slurm import (JobRequest, SlurmJobFailed, executor_kind, expand_nodes, job_folder, job_running,
-                        query_slurm_state, run_job, unhealthy_nodes, wait_gone)
+from jobs.nodes import expand_nodes, unhealthy_nodes
+from jobs.slurm import (JobRequest, SlurmJobFailed, executor_kind, job_folder, job_running, query_slurm_state,
+                        run_job, wait_gone)
 from pretrain import manifest
 from pretrain.log_parsers import MetricsStream, parse_log
 from pretrain.loss_curve import metrics_summary
@@ -126,7 +127,7 @@ class Attempts:
 
     history: list[dict[str, Any]] = field(default_factory=list)
     excluded: set[str] = field(default_factory=set)
-    reason: str = ""  # what the trainer said, when it said why it stopped
+    reason: str = ""  # why the attempts stopped short, in the trainer's words or the job layer's
 
     def failure(self) -> TrainingFailed:
         outcomes = "; ".join(a["outcome"] for a in self.history)
@@ -175,6 +176,8 @@ def run_attempts(spec: PretrainSpec, cluster: SlurmCluster, follower: MetricsFol
                                failure.nodes, ", ".join(sorted(bad)) or "none (Slurm holds none of them down now)")
                 attempts.excluded |= bad
             outcome = f"{failure.state}: {str(failure).splitlines()[0]}"
+            if not failure.retryable:  # a resubmission would meet the same: a missing tool, a job Slurm never starts
+                attempts.reason = f"not resubmitted: {str(failure).splitlines()[0]}"
         except RunHung as hung:
             outcome = f"hung: {hung}"  # run_job has cancelled the job
         if outcome != COMPLETED and submitted:
@@ -193,7 +196,7 @@ def run_attempts(spec: PretrainSpec, cluster: SlurmCluster, follower: MetricsFol
                                  "nodes": sacct.nodes if sacct else "", "outcome": described,
                                  "seconds": round(time.monotonic() - started, 1),
                                  "step": max(follower.stream.points, default=0)})
-        if finished(outcome):
+        if finished(outcome) or attempts.reason:
             break
         logger.warning("train attempt %d ended without finishing (%s); %s", attempt + 1, described,
                        "resubmitting; the run resumes from its newest checkpoint" if attempt < max_restarts

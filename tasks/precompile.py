@@ -39,8 +39,8 @@ from pretrain import manifest
 from jobs.node import Command
 from pretrain.neuron_compile import CompileSummary, from_results, parse_npc_log
 from pretrain.spec import PretrainSpec
-from jobs.slurm import (JobRequest, SlurmJobFailed, cluster_for, ends_cancelled, expand_nodes, job_folder,
-                        run_job, stage_request)
+from jobs.nodes import expand_nodes
+from jobs.slurm import JobRequest, SlurmJobFailed, cluster_for, ends_cancelled, job_folder, run_job, stage_request
 from render import native
 from render.dataset_files import eod_id
 from render.nxdt import config_yaml, nxdt_config, precompile_command

@@ -39,7 +39,9 @@ DATA_PREFIX = "data"
 
 
 class TokenizeFailed(RuntimeError):
-    pass
+    def __init__(self, message: str, retryable: bool = True):
+        super().__init__(message)
+        self.retryable = retryable  # whether a retry of the failed shards can end otherwise
 
 
 def _fingerprint(path: Path) -> str:
@@ -137,7 +139,8 @@ def tokenize(spec: PretrainSpec, data_dir: str, reuse_only: bool = False) -> str
             failed = [o for o in run_array(requests, cluster, folder) if isinstance(o, SlurmJobFailed)]
             if failed:
                 raise TokenizeFailed(f"{len(failed)} of {len(requests)} tokenize shards failed; the others "
-                                     "are kept and a retry reruns only these:\n\n" + "\n\n".join(map(str, failed)))
+                                     "are kept and a retry reruns only these:\n\n" + "\n\n".join(map(str, failed)),
+                                     retryable=any(f.retryable for f in failed))
         records = [json.loads((parts / f"shard-{i}.json").read_text()) for i in range(shards)]
         if not arrow:
             run_job(stage_request(spec, "tokenize-merge", Command(merge_command(

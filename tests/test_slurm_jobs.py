@@ -18,9 +18,10 @@ from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
 from blocks.cluster import SlurmCluster
 from deployments.stack.processes import alive
 from jobs.node import Command
+from jobs.nodes import expand_nodes
 from slurm_faults import PREEMPT_GRES, preempt
 from jobs.slurm import (
-    JobRequest, SlurmJobFailed, expand_nodes, job_outcome, jobs_of_this_flow_run, parse_sacct, run_array, run_job,
+    JobRequest, SlurmJobFailed, job_outcome, jobs_of_this_flow_run, parse_sacct, run_array, run_job,
     slurm_parameters, submit, wait,
 )
 

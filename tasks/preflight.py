@@ -1,0 +1,159 @@
+"""preflight: before anything is queued, whether the cluster can run the spec at all.
+
+On the local executor (no Slurm controller) this host is the cluster: a stage sized for a cluster
+(more than one node, a conversion larger than this host's free memory) is refused at once.
+
+On Slurm, a run that will queue jobs on more than one node (precompile, train) first asks
+``sinfo`` whether the partition has that many nodes, with the GPUs the job asks for, and then
+runs ``python -m trainer preflight`` as a one-node job on that partition, under the cluster's
+setup lines: the tools, paths and devices the backend's launch needs on a node. A failure names
+what is missing and how to fix it and is not retried; the result is a table artifact. A pass is
+remembered for the block's ``preflight_max_age_min``, and a later run of the same spec on the same
+block skips the probe.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+from prefect import task
+from prefect.artifacts import create_markdown_artifact, create_table_artifact
+from prefect.logging import get_run_logger
+
+from blocks.cluster import SlurmCluster
+from jobs.node import Command
+from jobs.nodes import read_partition
+from jobs.slurm import (ClusterMismatch, SlurmJobFailed, cluster_for, ends_cancelled, executor_kind, job_folder,
+                        local_refusal, run_job, stage_request)
+from pretrain import manifest
+from pretrain.spec import PretrainSpec
+from render.megatron_lm import in_container
+from render.preflight_command import preflight_command
+from tasks.artifacts import artifact_key
+
+# The stages whose jobs span cluster.nodes (tokenize and convert run on one node each).
+MULTI_NODE_STAGES = {"precompile", "train"}
+PROBE_TIME_LIMIT_MIN = 10
+
+
+class PreflightFailed(ClusterMismatch):
+    pass
+
+
+def cuda_job(spec: PretrainSpec) -> bool:
+    """Whether the run's jobs ask Slurm for GPUs (jobs.slurm.stage_request)."""
+    return spec.backend.kind == "megatron-lm" or (spec.backend.kind == "native" and spec.backend.native.device == "cuda")
+
+
+def checkpoint_bytes(directory: Path) -> int:
+    """The weights of a Hugging Face checkpoint directory, as the conversion reads them."""
+    return sum(p.stat().st_size for p in directory.glob("*.safetensors")) if directory.is_dir() else 0
+
+
+def refuse_on_this_host(spec: PretrainSpec, stages: set[str]) -> None:
+    """The local executor's refusals, before anything runs (jobs.slurm.local_refusal is the rule).
+
+    The converter streams one shard at a time, but the runbooks convert on a compute node "which
+    has sufficient memory to load the model" (aws-samples/awsome-distributed-training,
+    3.test_cases/pytorch/neuronx-distributed/llama3/slurm/README.md): a checkpoint larger than
+    this host's free memory is not a job for the machine the Prefect worker runs on."""
+    if stages & MULTI_NODE_STAGES and (refused := local_refusal(spec.name, spec.cluster.nodes)):
+        raise refused
+    if spec.backend.kind == "neuron" and spec.model.init_from and "convert" in stages:
+        size = checkpoint_bytes(Path(spec.model.init_from).expanduser())
+        if refused := local_refusal(f"{spec.name} convert of {spec.model.init_from}", 1, size):
+            raise refused
+
+
+def partition_rows(spec: PretrainSpec, cluster: SlurmCluster) -> list[dict]:
+    """What sinfo says the partition has, against what the run's jobs ask for."""
+    c, where = spec.cluster, cluster.partition or "the default partition"
+    partition = read_partition(cluster.partition)
+    if partition is None:
+        return [{"check": "partition", "ok": False, "found": f"no partition {cluster.partition!r} in sinfo",
+                 "fix": "set the cluster block's partition to one that `sinfo` lists"}]
+    total, usable = len(partition.nodes), len(partition.usable)
+    limit = partition.max_nodes
+    ok = total >= c.nodes and (limit is None or limit >= c.nodes)
+    rows = [{"check": f"partition {partition.name}: nodes", "ok": ok,
+             "found": f"{total} node(s), {usable} in service" + (f"; jobs of at most {limit} nodes" if limit else ""),
+             "fix": "" if ok else f"cluster.nodes={c.nodes}: lower it, or choose a partition with that many nodes"}]
+    if cuda_job(spec) and not cluster.gres:
+        enough = sum(gpus >= c.devices_per_node for gpus in partition.gpus.values())
+        ok = enough >= c.nodes
+        rows.append({"check": f"partition {partition.name}: GPUs", "ok": ok,
+                     "found": f"{enough} node(s) with {c.devices_per_node} or more GPUs in their GRES",
+                     "fix": "" if ok else f"cluster.devices_per_node={c.devices_per_node} on {c.nodes} node(s): use "
+                     "a partition of GPU nodes, or set the block's gres to the site's GRES"})
+    return rows
+
+
+def probe(spec: PretrainSpec, cluster: SlurmCluster, work: Path) -> dict:
+    """The node's own checks (``rows``), from a one-node job on the partition; its ``node`` and ``job``."""
+    record = work / "probe.json"
+    request = stage_request(spec, f"{spec.name}-preflight", Command(preflight_command(spec, str(record))), nodes=1,
+                            time_limit_min=PROBE_TIME_LIMIT_MIN, signal_delay_s=0)
+    submitted, failure = [], None
+    try:
+        run_job(request, cluster, job_folder(spec, cluster), poll_s=1.0, on_submit=submitted.append)
+    except SlurmJobFailed as exc:  # the probe exits 1 when a check failed: its record says which
+        failure = exc
+    job = submitted[0].job_id if submitted else ""
+    if record.exists():
+        result = json.loads(record.read_text())
+        image = [{"check": "container image", "ok": True, "found": f"{cluster.container_image} (the probe ran in it)",
+                  "fix": ""}] if cluster.container_image else []
+        return {"rows": image + result["checks"], "node": result["node"], "job": job}
+    # The job ended without checking anything: it never started the program, or never ran.
+    fix = ("check that the image exists where the nodes can read it and that srun has pyxis (--container-image)"
+           if cluster.container_image else "see the job's log in the task log: the nodes must run this project's "
+           "Python under the cluster block's setup lines")
+    return {"rows": [{"check": "container image" if cluster.container_image else "probe job", "ok": False,
+                      "found": str(failure).splitlines()[0] if failure else "no record", "fix": fix}],
+            "node": failure.nodes if failure else "", "job": job}
+
+
+@task(name="preflight")
+@ends_cancelled
+def preflight(spec: PretrainSpec, stages: list[str]) -> dict:
+    """Refuse what this host or the cluster cannot run, before ``stages`` queue anything."""
+    logger = get_run_logger()
+    selected = set(stages)
+    cluster = cluster_for(spec)
+    if executor_kind(cluster) == "local":
+        refuse_on_this_host(spec, selected)
+        return {"executor": "local"}
+    if spec.cluster.nodes == 1 or not selected & MULTI_NODE_STAGES:
+        return {"probed": False, "why": "no job on more than one node"}
+    cluster = in_container(cluster, spec)  # the probe runs where training's ranks will
+    argv = preflight_command(spec, "<record>")
+    key = manifest.stable_hash({"block": spec.cluster.block, "cluster": cluster.model_dump(mode="json"),
+                                "probe": argv, "nodes": spec.cluster.nodes, "gpus": cuda_job(spec)})[:16]
+    work = Path(spec.paths.root) / "preflight" / key
+    passed = work / "passed.json"
+    last = json.loads(passed.read_text()) if passed.exists() else None
+    if last and (age_min := (time.time() - last["time"]) / 60) < cluster.preflight_max_age_min:
+        said = f"passed {age_min:.0f} min ago on node {last['node']} (job {last['job']}); not probed again"
+        logger.info("preflight: %s", said)
+        create_markdown_artifact(f"Preflight skipped: this spec {said} (the block's preflight_max_age_min is "
+                                 f"{cluster.preflight_max_age_min}).", key=artifact_key(spec.name, "preflight"),
+                                 description="preflight skipped")
+        return {"probed": False, "why": "passed recently", **last}
+    work.mkdir(parents=True, exist_ok=True)
+    rows = partition_rows(spec, cluster)
+    probed = probe(spec, cluster, work) if all(r["ok"] for r in rows) else {"rows": [], "node": "", "job": ""}
+    rows, node = rows + probed["rows"], probed["node"]
+    create_table_artifact(rows, key=artifact_key(spec.name, "preflight"),
+                          description=f"What {spec.backend.kind} needs on {spec.cluster.nodes} node(s) of "
+                          f"{cluster.partition or 'the default partition'}" + (f", probed on {node}" if node else ""))
+    missing = [r for r in rows if not r["ok"]]
+    if missing:
+        raise PreflightFailed(f"preflight: the cluster cannot run {spec.name} on {spec.cluster.nodes} node(s) "
+                              f"of {cluster.partition or 'the default partition'}"
+                              + (f" (probed on {node})" if node else "") + "; nothing was queued:\n"
+                              + "\n".join(f"- {r['check']}: {r['found']}; fix: {r['fix']}" for r in missing))
+    last = {"time": time.time(), "node": node, "job": probed["job"], "partition": cluster.partition}
+    passed.write_text(json.dumps(last))
+    return {"probed": True, **last}

@@ -1,0 +1,242 @@
+"""Failing fast where the hardware or the cluster cannot do the job: the preflight, the local
+executor's refusals, pending reasons Slurm never satisfies, and the retry condition."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import submitit
+from prefect import flow, task
+
+from blocks.cluster import SlurmCluster
+from jobs.node import Command
+from jobs.nodes import gres_gpus, parse_partition
+from jobs.pending import never_runs
+from jobs.slurm import ClusterMismatch, JobRequest, SlurmJobFailed, local_refusal, run_job, slurm_parameters
+from pretrain.presets import load_spec
+from tasks.artifacts import retryable
+from tasks.preflight import PreflightFailed, preflight, probe
+
+SLURM = SlurmCluster(executor="slurm")
+LOCAL = SlurmCluster(executor="local")
+
+
+# ---------------------------------------------------------------- pure rules
+
+
+@pytest.mark.pure
+@pytest.mark.parametrize("reason, never", [
+    ("PartitionNodeLimit", True), ("PartitionConfig", True), ("PartitionTimeLimit", True),
+    ("QOSMaxNodePerJobLimit", True), ("AssocMaxCpuPerJobLimit", True), ("QOSMaxGRESPerNode", True),
+    ("InvalidAccount", True),
+    # only waiting: busy nodes, other jobs first, a partition down for now, aggregate limits
+    ("Resources", False), ("Priority", False), ("PartitionDown", False), ("None", False),
+    ("AssocGrpCpuLimit", False), ("QOSGrpNodeLimit", False), ("QOSMaxJobsPerUserLimit", False),
+    ("ReqNodeNotAvail, UnavailableNodes:", False),
+])
+def test_pending_reasons_slurm_never_satisfies(reason, never):
+    assert (never_runs(reason, all_out_of_service=lambda nodes: False) is not None) is never
+
+
+@pytest.mark.pure
+def test_req_node_not_avail_fails_only_when_every_named_node_is_out_of_service():
+    down = {"trn1-[1-2]"}  # as the node list names them; out_of_service asks sinfo about each node
+    assert "trn1-[1-2]" in never_runs("ReqNodeNotAvail, UnavailableNodes:trn1-[1-2]", all_out_of_service=down.__contains__)
+    # a long backfill cycle names nodes that are fine: that is waiting
+    assert never_runs("ReqNodeNotAvail, UnavailableNodes:trn1-[1-3]", all_out_of_service=down.__contains__) is None
+
+
+@pytest.mark.pure
+def test_partition_shape_from_sinfo():
+    nodes = ("p5-1|idle|gpu:h100:8(S:0-1)|gpu*\np5-2|down*|gpu:h100:8(S:0-1)|gpu*\n"
+             "p5-3|drained|gpu:4|gpu*\ncpu-1|idle|(null)|cpu\n")
+    sizes = "gpu*|1-16\ncpu|1-infinite\n"
+    gpu = parse_partition(None, nodes, sizes)
+    assert (gpu.name, len(gpu.nodes), gpu.usable, gpu.max_nodes) == ("gpu", 3, ["p5-1"], 16)
+    assert gpu.gpus == {"p5-1": 8, "p5-2": 8, "p5-3": 4}
+    assert parse_partition("cpu", nodes, sizes).max_nodes is None
+    assert parse_partition("trn1", nodes, sizes) is None
+    assert gres_gpus("gpu:a100:4,nvme:1") == 4 and gres_gpus("(null)") == 0
+
+
+@pytest.mark.pure
+def test_multi_node_jobs_wait_for_all_their_nodes(tmp_path):
+    def sbatch(nodes: int) -> str:
+        params = slurm_parameters(SLURM, JobRequest("x", Command(["true"]), time_limit_min=5, nodes=nodes))
+        return submitit.slurm.slurm._make_sbatch_string(command="x", folder=tmp_path, **params)
+
+    assert "#SBATCH --wait-all-nodes=1" in sbatch(16)
+    assert "--wait-all-nodes" not in sbatch(1)
+
+
+@pytest.mark.pure
+def test_local_executor_refuses_many_nodes_and_more_memory_than_is_free():
+    assert "the local executor runs 1 node, not 16" in str(local_refusal("train", 16))
+    assert "GiB free" in str(local_refusal("convert", 1, 1 << 50))
+    assert local_refusal("tokenize", 1, 1 << 20) is None
+    assert not ClusterMismatch.retryable
+
+
+# ---------------------------------------------------------------- the local executor, before anything runs
+
+
+def test_a_run_sized_for_a_cluster_is_refused_before_anything_runs(tmp_path):
+    """No Slurm controller: a 2-node run fails in its first task, naming the reason; fetch never starts."""
+    from flows.pretrain import pretrain
+
+    state = pretrain("tiny-local", overrides=[f"paths.root={tmp_path}", "cluster.executor=local", "cluster.nodes=2"],
+                     return_state=True)
+    assert state.is_failed()
+    assert "the local executor runs 1 node, not 2 (cluster.nodes=2)" in state.message
+    assert not (tmp_path / "fetch").exists()
+
+
+def test_a_conversion_larger_than_free_memory_is_refused_on_the_local_executor(tmp_path):
+    checkpoint = tmp_path / "hf"
+    checkpoint.mkdir()
+    (checkpoint / "config.json").write_text("{}")
+    with open(checkpoint / "model.safetensors", "wb") as f:
+        f.truncate(1 << 42)  # a 4 TiB checkpoint, sparse: its size is what the conversion would read
+    spec = load_spec("megatron-gpt-6.7b", [f"paths.root={tmp_path}", "cluster.executor=local",
+                                           f"model.init_from={checkpoint}"])
+
+    @flow
+    def check():
+        return preflight(spec, ["convert"])
+
+    state = check(return_state=True)
+    assert state.is_failed() and "needs 4096.0 GiB of memory" in state.message
+    assert "local executor" in state.message
+
+
+# ---------------------------------------------------------------- the retry condition
+
+
+def attempts_of(body, retries: int = 2) -> tuple[int, str]:
+    """How many times a stage-like task ran ``body`` under Prefect's retries and the house's
+    retry condition, and the final message."""
+    runs = []
+
+    @task(retries=retries, retry_delay_seconds=0, retry_condition_fn=retryable)
+    def stage():
+        runs.append(1)
+        body()
+
+    @flow
+    def one_stage():
+        return stage()
+
+    state = one_stage(return_state=True)
+    assert state.is_failed()
+    return len(runs), state.message
+
+
+def test_a_spec_the_local_executor_cannot_run_is_not_retried(tmp_path):
+    started = time.monotonic()
+    count, message = attempts_of(lambda: run_job(JobRequest("wide", Command(["true"]), time_limit_min=2, nodes=16),
+                                                 LOCAL, tmp_path))
+    assert count == 1 and "the local executor runs 1 node, not 16" in message
+    assert time.monotonic() - started < 30
+
+
+def test_a_command_missing_on_the_node_is_not_retried_but_a_failing_one_is(local_stack, tmp_path):
+    count, message = attempts_of(lambda: run_job(JobRequest("no-tool", Command(["bash", "-c", "no-such-tool-x"]),
+                                                            time_limit_min=2), SLURM, tmp_path, poll_s=0.5))
+    assert count == 1 and "exit code 127" in message
+    count, _ = attempts_of(lambda: run_job(JobRequest("flaky", Command(["bash", "-c", "exit 3"]), time_limit_min=2),
+                                           SLURM, tmp_path, poll_s=0.5), retries=1)
+    assert count == 2
+
+
+# ---------------------------------------------------------------- pending for ever
+
+
+@contextlib.contextmanager
+def partition(name: str, *settings: str):
+    subprocess.run(["scontrol", "delete", f"PartitionName={name}"], capture_output=True)  # a failed run's
+    subprocess.run(["scontrol", "create", f"PartitionName={name}", "Nodes=ALL", "MaxTime=INFINITE", *settings],
+                   check=True)
+    try:
+        yield
+    finally:
+        subprocess.run(["scancel", "-p", name], check=False)
+        deadline = time.monotonic() + 60  # a partition is deleted once its jobs are gone
+        while subprocess.run(["scontrol", "delete", f"PartitionName={name}"], capture_output=True).returncode:
+            assert time.monotonic() < deadline, f"partition {name} kept its jobs"
+            time.sleep(0.5)
+
+
+def test_a_job_its_partition_can_never_run_fails_with_the_reason(local_stack, tmp_path):
+    """The job is queued while its partition is down; then the partition loses its node, so the
+    job asks for more nodes than the partition has. It fails with Slurm's reason, and is gone."""
+    name = "ff-shrunk"
+
+    def shrink(job) -> None:
+        subprocess.run(["scontrol", "update", f"PartitionName={name}", "Nodes=", "State=UP"], check=True)
+
+    with partition(name, "State=DOWN"):
+        started = time.monotonic()
+        with pytest.raises(SlurmJobFailed) as info:
+            run_job(JobRequest("never", Command(["true"]), time_limit_min=2),
+                    SlurmCluster(executor="slurm", partition=name), tmp_path, poll_s=0.5, on_submit=shrink)
+        waited = time.monotonic() - started
+        assert subprocess.run(["squeue", "-h", "-j", info.value.job_id], capture_output=True,
+                              text=True).stdout.strip() == ""
+    assert waited < 60
+    assert info.value.state == "PENDING" and not info.value.retryable
+    assert "PartitionConfig, which Slurm will never satisfy" in str(info.value)
+
+
+# ---------------------------------------------------------------- the preflight on the local cluster
+
+
+def neuron_spec(root: Path, examples: Path, nodes: int = 1):
+    return load_spec("megatron-gpt-6.7b", [f"paths.root={root}", "cluster.executor=slurm", "cluster.time_limit_min=5",
+                                           f"cluster.nodes={nodes}", f"backend.neuron.examples_dir={examples}"])
+
+
+def test_preflight_names_the_tool_missing_on_the_node(local_stack, tmp_path):
+    """A node with the Neuron driver's neuron-ls and NxDT's examples but without the compiler
+    wrapper: the probe job names that one, and passes once the setup lines put it on PATH."""
+    tools, examples = tmp_path / "bin", tmp_path / "examples"
+    tools.mkdir()
+    examples.mkdir()
+    (examples / "training_orchestrator.py").write_text("")
+    for tool in ("neuron-ls", "neuron_parallel_compile"):  # stand-ins for the Neuron SDK's tools
+        (tmp_path / tool).write_text("#!/bin/sh\necho 'instance-type: trn1.32xlarge'\n")
+        (tmp_path / tool).chmod(0o755)
+    os.symlink(tmp_path / "neuron-ls", tools / "neuron-ls")
+    cluster = SlurmCluster(executor="slurm", setup=[f"export PATH={tools}:$PATH"])
+    spec = neuron_spec(tmp_path, examples)
+
+    @flow
+    def probe_once():
+        return probe(spec, cluster, tmp_path)
+
+    rows = {row["check"]: row for row in probe_once()["rows"]}
+    assert rows["neuron-ls"]["ok"] and "trn1.32xlarge" in rows["neuron-ls"]["found"]
+    assert rows["NxDT examples"]["ok"]
+    missing = rows["neuron_parallel_compile"]
+    assert not missing["ok"] and missing["found"] == "not on PATH" and "Neuron venv" in missing["fix"]
+
+    os.symlink(tmp_path / "neuron_parallel_compile", tools / "neuron_parallel_compile")
+    assert all(row["ok"] for row in probe_once()["rows"])
+
+
+def test_preflight_refuses_more_nodes_than_the_partition_has_before_queueing(local_stack, tmp_path):
+    spec = neuron_spec(tmp_path, tmp_path, nodes=4)
+
+    @flow
+    def check():
+        return preflight(spec, ["precompile", "train"])
+
+    state = check(return_state=True)
+    assert state.is_failed()
+    assert isinstance(state.result(raise_on_failure=False), PreflightFailed)
+    assert "nothing was queued" in state.message and "cluster.nodes=4: lower it" in state.message
+    assert not (tmp_path / "jobs").exists()
