@@ -13,6 +13,9 @@
 - The native trainer: JSON lines with a ``step``; those with an ``event`` (checkpoint saved, step
   skipped) record occurrences, not metrics.
 
+Beside the stream, ``preprocess_progress`` reads the tokenize stage's progress line, which
+Megatron-LM's ``tools/preprocess_data.py`` and ``trainer tokenize`` print alike.
+
 Lines that look like metrics but do not parse are skipped and counted, never raised: a log is
 evidence, and one garbled line must not hide the rest of a loss curve. The producers:
 aws-neuron/neuronx-distributed-training ``src/neuronx_distributed_training/lightning_modules/model/base.py``
@@ -388,3 +391,31 @@ def parse_log(text: str, stream: MetricsStream | None = None) -> MetricsStream:
             (_native(line, stream) or _megatron(line, stream) or _megatron_eval(line, stream) or _lightning_bar(line, stream)
              or _torchtitan(line, stream) or _nxd_llama(line, stream))
     return stream
+
+
+# Megatron-LM's tools/preprocess_data.py on stderr (``Partition.process_json_file``), and
+# ``trainer tokenize`` after it: "Processed 1000 documents (1234.5 docs/s, 2.1 MB/s).", the MB
+# being MiB (bytes / 1024 / 1024). gpt-neox's copy drives a tqdm counter whose redraws land right
+# after the final "." (".: : 520000it [00:21, 24642.85it/s]"); PICL's fork prints the counter
+# first and counts instances too ("19709610it [19:42, 18230.21it/s]Processed 19710000 documents.
+# 9454301 instances. (...).").
+_PREPROCESS = re.compile(r"Processed (\d+) documents(?:\. (\d+) instances\.)? \(([\d.]+) docs/s, ([\d.]+) MB/s\)\.")
+_TQDM_COUNTER = re.compile(r"(\d+)it \[([\d:]+), +([\d.]+)it/s\]")
+
+
+def preprocess_progress(line: str) -> dict[str, float] | None:
+    """A tokenize progress line's values (``documents``, ``docs_per_s``, ``mib_per_s``, the srun
+    task or torchrun rank that labelled it, a fork's ``instances``, a tqdm counter glued to it as
+    ``counter``, ``counter_elapsed_s``, ``counter_it_per_s``); None for any other line."""
+    match = _PREPROCESS.search(line)
+    if not match:
+        return None
+    documents, instances, docs_per_s, mib_per_s = match.groups()
+    progress = {"documents": int(documents), "docs_per_s": float(docs_per_s), "mib_per_s": float(mib_per_s),
+                **_launcher_labels(line[:match.start()])}
+    if instances is not None:
+        progress["instances"] = int(instances)
+    if counter := _TQDM_COUNTER.search(line):
+        progress |= {"counter": int(counter.group(1)), "counter_elapsed_s": _seconds(counter.group(2)),
+                     "counter_it_per_s": float(counter.group(3))}
+    return progress

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from tqdm import tqdm
 
-from pretrain.log_parsers import parse_log
+from pretrain.log_parsers import parse_log, preprocess_progress
 from public_logs import blocks
 
 pytestmark = pytest.mark.pure  # no stack, no Prefect API: `make check` runs it
@@ -399,3 +399,28 @@ def test_bar_updates_glued_to_each_other_or_to_other_output_each_parse():
     assert stream.points[4944]["loss"] == 2.64 and "consumed_samples" not in stream.points[4944]
     assert stream.points[4945]["consumed_samples"] == 4.1e6 and stream.points[4945]["consumed_samples_rounded"] == 1.0
     assert stream.skipped == 0
+
+
+def test_published_preprocess_data_progress_lines_keep_every_value():
+    """preprocess_data.py's progress line from Megatron-DeepSpeed, gpt-neox (its tqdm counter glued
+    after the final ".") and PICL's fork (the counter first, instances counted)."""
+    lines = [line for _, block in blocks("preprocess-data-public.txt") for line in block]
+    assert len(lines) == 8
+    read = [preprocess_progress(line) for line in lines]
+    assert read[0] == {"documents": 987700, "docs_per_s": 21903.35820268358, "mib_per_s": 50.4128344196837}
+    assert read[2] == {"documents": 521000, "docs_per_s": 24077.21, "mib_per_s": 5.05, "counter": 520000,
+                       "counter_elapsed_s": 21.0, "counter_it_per_s": 24642.85}
+    assert read[3] == {"documents": 19710000, "instances": 9454301, "docs_per_s": 16597.94547639502,
+                       "mib_per_s": 34.033233214932274, "counter": 19709610, "counter_elapsed_s": 19 * 60 + 42,
+                       "counter_it_per_s": 18230.21}
+    assert [r["documents"] for r in read[3:]] == [19710000, 19720000, 19730000, 19740000, 19750000]
+    # the stream of training metrics takes none of it
+    assert not parse_log("\n".join(lines)).points and parse_log("\n".join(lines)).skipped == 0
+
+
+@pytest.mark.parametrize("prefix, labels", [("0: ", {"srun_task": 0}), ("12:  ", {"srun_task": 12}), ("", {})])
+def test_preprocess_progress_keeps_the_srun_task_that_printed_it(prefix, labels):
+    line = prefix + "Processed 1000 documents (1234.5 docs/s, 2.10 MB/s)."
+    assert preprocess_progress(line) == {"documents": 1000, "docs_per_s": 1234.5, "mib_per_s": 2.1, **labels}
+    assert preprocess_progress(line[:-1]) is None  # torn before its final "."
+    assert preprocess_progress("Processed 1000 samples") is None
