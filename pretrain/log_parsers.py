@@ -74,7 +74,7 @@ _MEGATRON_TIME = re.compile(r"\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)?)\]\s*$
 # " on test set" after the iteration (Megatron-DeepSpeed: " on 320-sample draw from test set";
 # Megatron-LM before 2023: "at the end of training for val data", with no iteration). With
 # --multiple-validation-sets each set's line says "validation-<index> loss at".
-_MEGATRON_EVAL = re.compile(r"validation(?:-(\d+))? loss at (?:iteration\s+(\d+)(?: on (?:\d+-sample draw from )?"
+_MEGATRON_EVAL = re.compile(r"validation(?:-(\d+))? loss at (?:iteration\s+(\d+)(?: on (?:(\d+)-sample draw from )?"
                             r"(validation|test) set)?|the end of training for (val|test) data)\s*\|")
 # What launchers put before a rank's line: srun --label's task id ("1: ", right-aligned, so
 # " 1: " among ten or more tasks) and torchrun --tee's "[default7]:" (role and local rank).
@@ -304,7 +304,7 @@ def _megatron_eval(line: str, stream: MetricsStream) -> bool:
     match = _MEGATRON_EVAL.search(line)
     if not match:
         return False
-    index, step, split, end_split = match.groups()
+    index, step, drawn, split, end_split = match.groups()
     if step is None:  # the end of training: the last iteration logged
         if not stream.points:
             stream.skipped += 1
@@ -324,6 +324,8 @@ def _megatron_eval(line: str, stream: MetricsStream) -> bool:
         stream.skipped += 1
         return True
     if metrics:
+        if drawn:  # Megatron-DeepSpeed evaluates a draw of samples at the end and says how many
+            metrics[f"{prefix}_samples_drawn"] = int(drawn)
         stream.add(int(step), {**metrics, **_launcher_labels(line[:match.start()])})
     return True
 

@@ -300,7 +300,8 @@ def test_public_megatron_lines_keep_every_field_under_its_name():
     deepspeed = points["microsoft/llama-note.md"][1]
     assert {k: deepspeed[k] for k in ("consumed_tokens", "actual_seqlen", "samples_per_second", "tflops")} == {
         "consumed_tokens": 65536, "actual_seqlen": 2048, "samples_per_second": 7.582, "tflops": 16.98}
-    assert points["microsoft/llama-note.md"][2500]["test_loss"] == 14.95915  # "... on 320-sample draw from test set"
+    drawn = points["microsoft/llama-note.md"][2500]  # "... on 320-sample draw from test set"
+    assert (drawn["test_loss"], drawn["test_samples_drawn"], drawn["val_samples_drawn"]) == (14.95915, 320, 320)
     old = points["gpt2/model_train.md"]  # iterations to 1000, validation at 1000 and 2000, then the end of training
     assert old[1000]["lr"] == 4.608e-05 and old[2000]["val_loss"] == 8.165035 and old[2000]["test_loss"] == 8.428315
     assert math.isnan(points["issues/396"][5426]["grad_norm"])
