@@ -454,13 +454,14 @@ def submit_array(requests: list[JobRequest], cluster: SlurmCluster, folder: Path
 
 
 def run_array(requests: list[JobRequest], cluster: SlurmCluster, folder: Path, poll_s: float = 2.0,
-              max_wait_s: float | None = None) -> list[list[Any] | SlurmJobFailed]:
+              max_wait_s: float | None = None, on_line: Callable[[int, str], None] | None = None,
+              ) -> list[list[Any] | SlurmJobFailed]:
     """Submit an array, follow every task, and return each one's results or failure; no array
-    task outlives this call."""
+    task outlives this call. ``on_line``: as in :func:`wait_all`."""
     jobs = submit_array(requests, cluster, folder)
     _logger().info("submitted %d x %s as %s", len(jobs), requests[0].name, ", ".join(j.job_id for j in jobs))
     try:
-        return wait_all(jobs, [r.name for r in requests], poll_s=poll_s, max_wait_s=max_wait_s)
+        return wait_all(jobs, [r.name for r in requests], poll_s=poll_s, max_wait_s=max_wait_s, on_line=on_line)
     finally:
         for job in jobs:
             if job.job_id in _active_jobs:
@@ -587,12 +588,13 @@ def failure_reason(text: str) -> str:
 
 def wait_all(jobs: list[submitit.Job], names: list[str], poll_s: float = 2.0,
              max_wait_s: float | None = None, on_poll: Callable[[], None] | None = None,
-             ) -> list[list[Any] | SlurmJobFailed]:
+             on_line: Callable[[int, str], None] | None = None) -> list[list[Any] | SlurmJobFailed]:
     """Follow ``jobs`` (an array's tasks, say) to their ends, logging their output.
 
     Returns, per job, its per-task results or the :class:`SlurmJobFailed` that ended it, so the
     caller can keep what succeeded and retry only what failed. ``on_poll`` runs once per poll
     while jobs are pending (progress reports, hang checks); an exception it raises ends the wait.
+    ``on_line`` sees each log line as it is streamed, with the index of its job in ``jobs``.
     A cancelled flow run cancels the jobs and raises :class:`FlowRunCancelled`. A job Slurm keeps
     pending for a reason it will never satisfy is cancelled and ends as a non-retryable failure.
     """
@@ -607,6 +609,8 @@ def wait_all(jobs: list[submitit.Job], names: list[str], poll_s: float = 2.0,
         job = jobs[i]
         for task, line in followers[i].read_new():
             logger.info("[%s%s] %s", job.job_id, f".{task}" if job.num_tasks > 1 else "", line)
+            if on_line is not None:
+                on_line(i, line)
 
     pending = list(range(len(jobs)))
     while pending:

@@ -13,6 +13,9 @@
 - The native trainer: JSON lines with a ``step``; those with an ``event`` (checkpoint saved, step
   skipped) record occurrences, not metrics.
 
+Beside the stream, ``preprocess_progress`` reads the tokenize stage's progress line, which
+Megatron-LM's ``tools/preprocess_data.py`` and ``trainer tokenize`` print alike.
+
 Lines that look like metrics but do not parse are skipped and counted, never raised: a log is
 evidence, and one garbled line must not hide the rest of a loss curve. The producers:
 aws-neuron/neuronx-distributed-training ``src/neuronx_distributed_training/lightning_modules/model/base.py``
@@ -24,14 +27,19 @@ aws-neuron/neuronx-distributed-training ``src/neuronx_distributed_training/light
 from __future__ import annotations
 
 import json
+import math
 import re
 from dataclasses import dataclass, field
 from datetime import datetime
 
-# One name per quantity across backends.
-NXDT_KEYS = {"reduced_train_loss": "loss", "lr": "lr", "gradient_norm": "grad_norm",
-             "parameter_norm": "param_norm", "consumed_samples": "consumed_samples",
-             "throughput": "throughput_seq_s", "throughput_peak": "throughput_peak_seq_s", "val_loss": "val_loss"}
+# One name per quantity across backends: the Lightning postfix keys NxDT, NeMo and BioNeMo print
+# (``thoughput_peak`` is how neuronx-nemo-megatron spells it; ``train_step_timing in s`` is NeMo's
+# step time). Any other postfix key is kept as printed.
+LIGHTNING_KEYS = {"reduced_train_loss": "loss", "lr": "lr", "gradient_norm": "grad_norm",
+                  "parameter_norm": "param_norm", "consumed_samples": "consumed_samples",
+                  "throughput": "throughput_seq_s", "throughput_peak": "throughput_peak_seq_s",
+                  "thoughput_peak": "throughput_peak_seq_s", "val_loss": "val_loss",
+                  "train_step_timing in s": "step_time_s", "loss": "running_loss"}
 # Megatron-LM's labels (``training_log`` in NVIDIA/Megatron-LM megatron/training/training.py;
 # energy and power with --log-energy, the decoupled lr in megatron-core 0.6-0.14), then the native trainer's additions under its JSON names, so its
 # console parses to what its metrics file holds. Any other ``label: number`` field (MoE and MTP
@@ -47,10 +55,18 @@ MEGATRON_KEYS = {"lm loss": "loss", "learning rate": "lr", "decoupled learning r
                  "number of skipped iterations": "skipped_iterations", "number of nan iterations": "nan_iterations",
                  "tokens per second": "tokens_per_s", "MFU (%)": "mfu_pct", "max memory allocated (GiB)": "memory_gib"}
 
-# A value counts only when "," or "]" ends it: a bar torn mid-value (the process died) must not
-# report "consumed_samples=20" for 2048.0.
-_NXDT_PAIR = re.compile(r"([A-Za-z_]\w*)=([^,\]\s]+)(?=[,\]])")
-_MEGATRON_ITER = re.compile(r"iteration\s+(\d+)/\s*(\d+)\s*\|")
+# Lightning's TQDM bar: "Epoch 0:   3%|▎    | 3/91 [16:05<7:52:06, 321.89s/it, <postfix>]", the
+# rate "321.89s/it" or "0.02it/s" ("?it/s" before the first update); NeMo 1.x's MegatronProgressBar
+# prints "Epoch 0: :" and no rate (its bar_format "{desc}: {percentage:3.0f}%|{bar}| {n_fmt}/{total_fmt}
+# [{elapsed}<{remaining}{postfix}]").
+_BAR = re.compile(r"Epoch (\d+):(?: :)?\s+(\d+)%\|[^|]*\| (\d+)/(\d+) \[([\d:]+)<([\d:]+|\?)"
+                  r"(?:, +(?:([\d.]+)(s/it|it/s)|\?it/s))?")
+# A postfix pair counts only when "," or "]" ends it: a bar torn mid-value (the process died) must
+# not report "consumed_samples=20" for 2048.0. Keys may hold spaces ("train_step_timing in s").
+_BAR_PAIR = re.compile(r", ([^=,\]]+)=([^,\]]*)(?=[,\]])")
+_MEGATRON_ITER = re.compile(r"iteration\s+(\d+)/\s*(\d+):?\s*\|")
+# NeMo 2.0's printer: "Training epoch 1, iteration 0/999 | ..." (a 2024 draft: "Epoch 0, iteration 1/100: | ...").
+_NEMO_EPOCH = re.compile(r"[Ee]poch (\d+), $")
 # " [2024-05-04 12:00:01]" (core_v0.6 on) or with microseconds (2026 on), right before "iteration".
 _MEGATRON_TIME = re.compile(r"\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)?)\]\s*$")
 # ``evaluate_and_print_results``: "validation loss at iteration 20 | lm loss value: 6.75E+00 |
@@ -58,12 +74,14 @@ _MEGATRON_TIME = re.compile(r"\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)?)\]\s*$
 # " on test set" after the iteration (Megatron-DeepSpeed: " on 320-sample draw from test set";
 # Megatron-LM before 2023: "at the end of training for val data", with no iteration). With
 # --multiple-validation-sets each set's line says "validation-<index> loss at".
-_MEGATRON_EVAL = re.compile(r"validation(?:-(\d+))? loss at (?:iteration\s+(\d+)(?: on (?:\d+-sample draw from )?"
+_MEGATRON_EVAL = re.compile(r"validation(?:-(\d+))? loss at (?:iteration\s+(\d+)(?: on (?:(\d+)-sample draw from )?"
                             r"(validation|test) set)?|the end of training for (val|test) data)\s*\|")
 # What launchers put before a rank's line: srun --label's task id ("1: ", right-aligned, so
 # " 1: " among ten or more tasks) and torchrun --tee's "[default7]:" (role and local rank).
 _SRUN_LABEL = re.compile(r"^\s*(\d+):\s")
 _TORCHRUN_TEE = re.compile(r"\[[A-Za-z_]\w*?(\d+)\]:")
+# Ray's prefix on a worker's output, as NeMo-Run's Kubernetes runs print it: "(pretraining, pid=4112) ".
+_RAY_PID = re.compile(r"\((?:[^(),]+, )?pid=(\d+)(?:, ip=[\d.]+)?\) ")
 # torchtitan's step line (``log`` in pytorch/torchtitan torchtitan/components/metrics.py), coloured
 # with ANSI codes: "[titan] 2025-06-16 22:30:50,322 - root - INFO - step: 200  loss:  6.1384
 # grad_norm: 0.83  memory: 49.66GiB(52.28%)  tps: 5,856  tflops: 339.16  mfu: 34.29%"; grad_norm
@@ -81,15 +99,16 @@ _NXD_LINE = re.compile(r"\bstep (\d+) step_time ([\d.]+)s throughput ([\d.]+) se
 
 @dataclass
 class MetricsStream:
-    points: dict[int, dict[str, float]] = field(default_factory=dict)
+    # Values are numbers, but for a Lightning postfix value that is not one, kept as printed (v_num).
+    points: dict[int, dict[str, float | str]] = field(default_factory=dict)
     skipped: int = 0
     events: int = 0  # the native trainer's event lines (checkpoint saved, export, ...): signs of life
 
-    def add(self, step: int, metrics: dict[str, float]) -> None:
+    def add(self, step: int, metrics: dict[str, float | str]) -> None:
         # Progress bars repeat the same step between log intervals: the last report wins.
         self.points[step] = {"step": step, **self.points.get(step, {}), **metrics}
 
-    def as_list(self) -> list[dict[str, float]]:
+    def as_list(self) -> list[dict[str, float | str]]:
         return [self.points[s] for s in sorted(self.points)]
 
 
@@ -111,44 +130,113 @@ def _rounded(text: str) -> bool:
     return "e" in text.lower()
 
 
-def _nxdt(line: str, stream: MetricsStream) -> bool:
-    if "reduced_train_loss=" not in line and "global_step=" not in line:
-        return False
-    pairs = dict(_NXDT_PAIR.findall(line.split("[", 1)[-1] if "[" in line else line))
+def _within_rounding(count: int, printed: str) -> bool:
+    """Whether ``count`` prints as ``printed`` at tqdm's 3 significant digits ("3.1e+4" is
+    30950-31050)."""
+    value = float(printed)
+    return value > 0 and abs(count - value) <= 0.5 * 10 ** (math.floor(math.log10(value)) - 2)
+
+
+def _seconds(clock: str) -> float:
+    """tqdm's "[h:]mm:ss" (hours past 99 too) as seconds."""
+    return float(sum(int(part) * 60 ** i for i, part in enumerate(reversed(clock.split(":")))))
+
+
+def _value(text: str) -> float | str:
+    """A postfix value: a number where it is one, else the text as printed."""
     try:
-        # Lightning's global_step before its increment: 0 during the first step, whose
-        # consumed_samples is already 1 x GBS (``log_metrics`` in aws-neuron/neuronx-distributed-training
-        # src/neuronx_distributed_training/lightning_modules/model/base.py). Steps count from 1, as
-        # Megatron-LM's iterations and the native trainer's do.
-        step = round(float(pairs["global_step"])) + 1
-        metrics = {name: _number(pairs[key]) for key, name in NXDT_KEYS.items() if key in pairs}
+        return float(text)
+    except ValueError:
+        return text
+
+
+def _bar_fields(bar: re.Match) -> dict[str, float | str]:
+    """What the bar itself prints: epoch, percentage, n/total, elapsed, remaining and the rate."""
+    epoch, pct, count, total, elapsed, remaining, rate, unit = bar.groups()
+    fields: dict[str, float | str] = {"epoch": int(epoch), "progress_pct": int(pct), "progress_count": int(count),
+                                      "progress_total": int(total), "elapsed_s": _seconds(elapsed)}
+    if remaining != "?":
+        fields["remaining_s"] = _seconds(remaining)
+    if rate is not None:
+        fields["s_per_it" if unit == "s/it" else "it_per_s"] = float(rate)
+    return fields
+
+
+def _bar_step(printed: str, count: int, stream: MetricsStream) -> tuple[int, dict[str, float]] | None:
+    """The step of a bar update and the flags that say how it was found; None when the update must
+    not land (an approximate one on a step printed exactly).
+
+    global_step is Lightning's before its increment: 0 during the first step, whose
+    consumed_samples is already 1 x GBS (``log_metrics`` in aws-neuron/neuronx-distributed-training
+    src/neuronx_distributed_training/lightning_modules/model/base.py); steps count from 1, as
+    Megatron-LM's iterations and the native trainer's do. Printed exactly, it is the step the
+    postfix's values belong to. Rounded, the bar's exact counter n is the step where n - 1 prints
+    as that global_step: NeMo's ``MegatronProgressBar`` (NVIDIA/NeMo) sets n to the optimizer
+    steps of the epoch, global_step + 1 in epoch 0, and NxDT's bar runs at most one batch ahead of
+    its postfix. Where n is no step (Lightning 1.x counts validation batches in it: ESM1nv's
+    published log reads 200/200 at global_step=99.00; each epoch restarts it) the update lands on
+    the printed value, flagged ``step_rounded``."""
+    if not _rounded(printed):
+        return round(float(printed)) + 1, {}
+    flags = {"global_step_rounded": 1.0}
+    if _within_rounding(count - 1, printed):
+        step = count
+    else:
+        step, flags["step_rounded"] = round(float(printed)) + 1, 1.0
+    if step in stream.points and "global_step_rounded" not in stream.points[step]:
+        return None
+    return step, flags
+
+
+def _lightning_bar(line: str, stream: MetricsStream) -> bool:
+    """Each training-bar update of ``line``: updates glued without a carriage return (a torn one
+    before the next), a validation bar or a NeMo record glued after the closing "]"."""
+    bars = list(_BAR.finditer(line))
+    found = False
+    for i, bar in enumerate(bars):
+        end = bars[i + 1].start() if i + 1 < len(bars) else len(line)
+        postfix, closed, _ = line[bar.end():end].partition("]")
+        pairs = dict(_BAR_PAIR.findall(postfix + closed))
+        if "global_step" not in pairs and "reduced_train_loss" not in pairs:
+            continue  # a bar without training metrics (Lightning's own, before the first log)
+        found = True
+        _bar_update(pairs, {**_bar_fields(bar), **_launcher_labels(line[:bars[0].start()])}, stream)
+    return found
+
+
+def _bar_update(pairs: dict[str, str], fields: dict[str, float | str], stream: MetricsStream) -> None:
+    """One update: every postfix key, the known ones under the stream's names, the others as printed."""
+    try:
+        # v_num is the logger's version, a label ("8-06", "1778", or empty), never a quantity.
+        metrics = {LIGHTNING_KEYS.get(key, key): value if key == "v_num" else _value(value)
+                   for key, value in pairs.items()}
+        if any(isinstance(metrics[name], str) for key, name in LIGHTNING_KEYS.items() if key in pairs):
+            raise ValueError("a known metric that is not a number")
+        placed = _bar_step(pairs["global_step"], int(fields["progress_count"]), stream)
     except (KeyError, ValueError):
         stream.skipped += 1
-        return True
-    # tqdm prints a count rounded to 3 significant digits when that is shorter (global_step=3.1e+4
-    # is any of 30950-31049; from step 99950 on every one is): such an update is kept at the
-    # printed value, and the record says so. The bar's n/total is no exact substitute: Lightning
-    # 1.x counts validation batches in it (ESM1nv's published log reads 200/200 at
-    # global_step=99.00), and the postfix lags n.
-    if _rounded(pairs["global_step"]):
-        if step in stream.points and "step_rounded" not in stream.points[step]:
-            stream.skipped += 1  # never over a step printed exactly
-            return True
-        metrics["step_rounded"] = 1.0
+        return
+    if placed is None:
+        stream.skipped += 1  # never over a step printed exactly
+        return
+    step, flags = placed
     if "consumed_samples" in pairs and _rounded(pairs["consumed_samples"]):
-        metrics["consumed_samples_rounded"] = 1.0
-    stream.add(step, metrics)
-    return True
+        flags["consumed_samples_rounded"] = 1.0
+    if "global_step_rounded" not in flags and "global_step_rounded" in stream.points.get(step, {}):
+        del stream.points[step]  # an exact update replaces an approximate one, flags and all
+    stream.add(step, {**fields, **metrics, **flags})
 
 
 def _launcher_labels(head: str) -> dict[str, float]:
-    """The srun task and torchrun local rank that labelled a line, from the text before its
-    metrics: which rank printed a value matters when ranks disagree."""
+    """The srun task, torchrun local rank or Ray worker pid that labelled a line, from the text
+    before its metrics: which rank printed a value matters when ranks disagree."""
     labels: dict[str, float] = {}
     if srun := _SRUN_LABEL.match(head):
         labels["srun_task"] = int(srun.group(1))
     if tee := _TORCHRUN_TEE.search(head):
         labels["local_rank"] = int(tee.group(1))
+    if ray := _RAY_PID.search(head):
+        labels["pid"] = int(ray.group(1))
     return labels
 
 
@@ -187,14 +275,18 @@ def _megatron(line: str, stream: MetricsStream) -> bool:
     extra.pop("step", None)
     if "global_step" in extra:
         # NeMo 2.0's progress printer ("Training epoch 1, iteration 0/999 | lr: 3e-06 |
-        # global_step: 19 | reduced_train_loss: 11.03 | ..."): its iteration counts within the
-        # epoch; the step is Lightning's global_step as the training step logged it, before the
-        # increment, as in NxDT's bars.
-        step = int(extra.pop("global_step")) + 1
-        metrics.pop("train_iters")
-        for label, name in (("reduced_train_loss", "loss"), ("lr", "lr"), ("train_step_timing_in_s", "step_time_s")):
-            if label in extra:
-                metrics[name] = extra.pop(label)
+        # global_step: 19 | reduced_train_loss: 11.03 | ..."): its iteration counts the optimizer
+        # steps of the epoch, out of max_steps (``ProgressPrinter.on_train_batch_end`` in
+        # NVIDIA/NeMo nemo/lightning/pytorch/callbacks/progress_printer.py); the step is
+        # Lightning's global_step as the training step logged it, before the increment, as in
+        # NxDT's bars. Its keys are Lightning's, snake_cased here.
+        step = int(extra["global_step"]) + 1
+        metrics["epoch_step"], metrics["max_steps"] = int(match.group(1)), metrics.pop("train_iters")
+        if epoch := _NEMO_EPOCH.search(line[:match.start()]):
+            metrics["epoch"] = int(epoch.group(1))
+        for label, name in LIGHTNING_KEYS.items():
+            if _snake(label) in extra:
+                metrics[name] = extra.pop(_snake(label))
         stream.add(step, {**extra, **metrics})
         return True
     # No loss is no error: Megatron-LM leaves a loss out when every iteration of the interval was
@@ -212,7 +304,7 @@ def _megatron_eval(line: str, stream: MetricsStream) -> bool:
     match = _MEGATRON_EVAL.search(line)
     if not match:
         return False
-    index, step, split, end_split = match.groups()
+    index, step, drawn, split, end_split = match.groups()
     if step is None:  # the end of training: the last iteration logged
         if not stream.points:
             stream.skipped += 1
@@ -232,6 +324,8 @@ def _megatron_eval(line: str, stream: MetricsStream) -> bool:
         stream.skipped += 1
         return True
     if metrics:
+        if drawn:  # Megatron-DeepSpeed evaluates a draw of samples at the end and says how many
+            metrics[f"{prefix}_samples_drawn"] = int(drawn)
         stream.add(int(step), {**metrics, **_launcher_labels(line[:match.start()])})
     return True
 
@@ -296,6 +390,34 @@ def parse_log(text: str, stream: MetricsStream | None = None) -> MetricsStream:
     stream = stream or MetricsStream()
     for line in re.split(r"[\r\n]+", text):
         if line.strip():
-            (_native(line, stream) or _megatron(line, stream) or _megatron_eval(line, stream) or _nxdt(line, stream)
+            (_native(line, stream) or _megatron(line, stream) or _megatron_eval(line, stream) or _lightning_bar(line, stream)
              or _torchtitan(line, stream) or _nxd_llama(line, stream))
     return stream
+
+
+# Megatron-LM's tools/preprocess_data.py on stderr (``Partition.process_json_file``), and
+# ``trainer tokenize`` after it: "Processed 1000 documents (1234.5 docs/s, 2.1 MB/s).", the MB
+# being MiB (bytes / 1024 / 1024). gpt-neox's copy drives a tqdm counter whose redraws land right
+# after the final "." (".: : 520000it [00:21, 24642.85it/s]"); PICL's fork prints the counter
+# first and counts instances too ("19709610it [19:42, 18230.21it/s]Processed 19710000 documents.
+# 9454301 instances. (...).").
+_PREPROCESS = re.compile(r"Processed (\d+) documents(?:\. (\d+) instances\.)? \(([\d.]+) docs/s, ([\d.]+) MB/s\)\.")
+_TQDM_COUNTER = re.compile(r"(\d+)it \[([\d:]+), +([\d.]+)it/s\]")
+
+
+def preprocess_progress(line: str) -> dict[str, float] | None:
+    """A tokenize progress line's values (``documents``, ``docs_per_s``, ``mib_per_s``, the srun
+    task or torchrun rank that labelled it, a fork's ``instances``, a tqdm counter glued to it as
+    ``counter``, ``counter_elapsed_s``, ``counter_it_per_s``); None for any other line."""
+    match = _PREPROCESS.search(line)
+    if not match:
+        return None
+    documents, instances, docs_per_s, mib_per_s = match.groups()
+    progress = {"documents": int(documents), "docs_per_s": float(docs_per_s), "mib_per_s": float(mib_per_s),
+                **_launcher_labels(line[:match.start()])}
+    if instances is not None:
+        progress["instances"] = int(instances)
+    if counter := _TQDM_COUNTER.search(line):
+        progress |= {"counter": int(counter.group(1)), "counter_elapsed_s": _seconds(counter.group(2)),
+                     "counter_it_per_s": float(counter.group(3))}
+    return progress

@@ -13,18 +13,28 @@ line that means everything was already in the cache, else the last cache progres
 run that ended before its summary. Lines may carry an outer ``INFO: `` (the tool's output
 relayed by a logger) or mpirun's ``[1,0]<stdout>:``; the JSON's statuses are ``true``/``false``
 (2024 on) or ``"SUCCESS"``/``"FAILED"`` (2023). Checked on published output
-(``tests/assets/logs/neuron-parallel-compile-public.txt``).
+(``tests/assets/logs/neuron-parallel-compile-public.txt``). Beside the counts: the logger name,
+pid and time of the tool's last record, the last cache progress line's counts, and the JSON's
+start, compilation and per-graph compile times where it has them.
 """
 
 from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from datetime import datetime
 
 _OUTER_PREFIX = re.compile(r"^(?:INFO: |\[\d+,\d+\]<std(?:out|err)>:)", re.M)
 _PROGRESS = re.compile(r"Current remaining items are (\d+), locked are (\d+), failed are (\d+), done are (\d+), "
                        r"total is (\d+)")
+_PROGRESS_FIELDS = ("remaining", "locked", "failed", "done", "total")
+# A record's head: "2025-01-17 01:16:07.000981:  32201  INFO ||NEURON_PARALLEL_COMPILE||: ", the
+# pid column since mid-2023, the timestamp absent where the tool's output was relayed. The
+# fraction is milliseconds zero-padded to six digits (logging's "%(msecs)06d": every published
+# line reads ".000" and three digits). The worker's progress dots may precede it on its line.
+_RECORD = re.compile(r"^\.*(?:(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)\.(\d{6}):\s+)?(?:(\d+)\s+)?INFO "
+                     r"\|\|((?:NEURON_)?PARALLEL_COMPILE)\|\|: ", re.M)
 _SUCCEEDED = (True, "true", "SUCCESS")
 _TOTAL = re.compile(r"\|\|(?:NEURON_)?PARALLEL_COMPILE\|\|: Total (graphs|successful compilations|failed compilations): (\d+)")
 _NO_TODO = "No todo hlos found in cache or hlo_tasklist"
@@ -39,10 +49,23 @@ class CompileSummary:
     failed: int = 0
     source: str = "none"  # results-json, summary-lines, all-cached, cache-progress, none
     failed_graphs: list[str] = field(default_factory=list)
+    logger: str | None = None
+    """The tool's logger name in its last record: PARALLEL_COMPILE (2023-2024) or NEURON_PARALLEL_COMPILE."""
+    pid: int | None = None
+    time: float | None = None
+    """Epoch seconds of the tool's last record, read in this process's zone as the node wrote it."""
+    progress: dict[str, int] | None = None
+    """The last cache progress line's counts: remaining, locked, failed, done, total."""
+    started: float | None = None
+    """The results JSON's start_time (epoch seconds), 2025 on."""
+    compile_s: float | None = None
+    """The results JSON's compilation_time: seconds from start to the last graph, 2025 on."""
+    graph_seconds: dict[str, float] = field(default_factory=dict)
+    """Each graph's compile_time from the results JSON, where it reports one."""
 
     def as_row(self, node: str) -> dict:
         return {"node": node, "total": self.total, "succeeded": self.succeeded, "failed": self.failed,
-                "source": self.source}
+                "source": self.source, "compile_s": self.compile_s}
 
 
 def from_results(results: dict) -> CompileSummary:
@@ -51,7 +74,10 @@ def from_results(results: dict) -> CompileSummary:
     summary = results.get("compilation_summary", {})  # counts by status
     ok = sum(int(n) for status, n in summary.items() if status in _SUCCEEDED)
     bad = sum(int(n) for status, n in summary.items() if status not in _SUCCEEDED)
-    return CompileSummary(ok + bad, ok, bad, "results-json", failed)
+    return CompileSummary(ok + bad, ok, bad, "results-json", failed, started=results.get("start_time"),
+                          compile_s=results.get("compilation_time"),
+                          graph_seconds={path: entry["compile_time"] for path, entry in report.items()
+                                         if "compile_time" in entry})
 
 
 def _json_record(text: str) -> dict | None:
@@ -71,9 +97,29 @@ def _json_record(text: str) -> dict | None:
     return None
 
 
+def _record_head(text: str) -> dict:
+    """Logger, pid and time of the tool's last record."""
+    heads = list(_RECORD.finditer(text))
+    if not heads:
+        return {}
+    stamp, msecs, pid, logger = heads[-1].groups()
+    head: dict = {"logger": logger, "pid": int(pid) if pid else None}
+    if stamp:
+        head["time"] = datetime.fromisoformat(stamp).timestamp() + int(msecs) / 1000
+    return head
+
+
 def parse_npc_log(text: str) -> CompileSummary:
-    """One node's neuron_parallel_compile output."""
+    """One node's neuron_parallel_compile output: its counts, the head of its last record, and
+    its last cache progress line."""
     text = _OUTER_PREFIX.sub("", text)
+    progress = _PROGRESS.findall(text)
+    last = dict(zip(_PROGRESS_FIELDS, map(int, progress[-1]))) if progress else None
+    return replace(_counts(text, last), progress=last, **_record_head(text))
+
+
+def _counts(text: str, progress: dict[str, int] | None) -> CompileSummary:
+    """The counts from the most trusted report the log holds (module docstring)."""
     if (results := _json_record(text)) is not None:
         return from_results(results)
     totals = {kind: int(n) for kind, n in _TOTAL.findall(text)}
@@ -82,9 +128,8 @@ def parse_npc_log(text: str) -> CompileSummary:
                               totals.get("failed compilations", 0), "summary-lines")
     if _NO_TODO in text:
         return CompileSummary(source="all-cached")
-    if progress := _PROGRESS.findall(text):
-        _, _, bad, done, total = map(int, progress[-1])
-        return CompileSummary(total, done, bad, "cache-progress")
+    if progress is not None:
+        return CompileSummary(progress["total"], progress["done"], progress["failed"], "cache-progress")
     return CompileSummary()
 
 

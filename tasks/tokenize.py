@@ -16,6 +16,7 @@ import json
 import math
 import shutil
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,7 @@ from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.logging import get_run_logger
 
 from pretrain import manifest
+from pretrain.log_parsers import preprocess_progress
 from jobs.node import Command
 from jobs.executor import cluster_for, job_folder, run_array, run_job
 from jobs.slurm import SlurmJobFailed, ends_cancelled, stage_request
@@ -36,12 +38,37 @@ from trainer import formats
 SHARD_BYTES = 256 << 20  # input per array task when the spec does not fix the shard count
 MAX_SHARDS = 64
 DATA_PREFIX = "data"
+PROGRESS_EVERY_S = 30.0
 
 
 class TokenizeFailed(RuntimeError):
     def __init__(self, message: str, retryable: bool = True):
         super().__init__(message)
         self.retryable = retryable  # whether a retry of the failed shards can end otherwise
+
+
+class ShardProgress:
+    """The shards' progress lines ("Processed N documents (x docs/s, y MB/s).") summed into one
+    log line every ``every_s``: how far the whole stage is, which no shard's own line says."""
+
+    def __init__(self, shards: int, every_s: float = PROGRESS_EVERY_S, clock=time.monotonic):
+        self.shards, self.every_s, self.clock = shards, every_s, clock
+        self.latest: dict[int, dict[str, float]] = {}
+        self.logged_at = clock()
+
+    def __call__(self, job: int, line: str) -> None:
+        if (progress := preprocess_progress(line)) is None:
+            return
+        self.latest[job] = progress
+        if self.clock() - self.logged_at >= self.every_s:
+            self.logged_at = self.clock()
+            get_run_logger().info("%s", self.summary())
+
+    def summary(self) -> str:
+        reports = self.latest.values()
+        return (f"tokenize: {sum(p['documents'] for p in reports)} documents so far from {len(reports)} of "
+                f"{self.shards} shards ({sum(p['docs_per_s'] for p in reports):.0f} docs/s, "
+                f"{sum(p['mib_per_s'] for p in reports):.1f} MiB/s of JSON)")
 
 
 def _fingerprint(path: Path) -> str:
@@ -136,7 +163,8 @@ def tokenize(spec: PretrainSpec, data_dir: str, reuse_only: bool = False) -> str
             tokenizer, shard=f"{i}/{shards}", record=str(parts / f"shard-{i}.json"), python=sys.executable)),
             nodes=1, gpus_per_node=None) for i in todo]
         if requests:
-            failed = [o for o in run_array(requests, cluster, folder) if isinstance(o, SlurmJobFailed)]
+            outcomes = run_array(requests, cluster, folder, on_line=ShardProgress(len(requests)))
+            failed = [o for o in outcomes if isinstance(o, SlurmJobFailed)]
             if failed:
                 raise TokenizeFailed(f"{len(failed)} of {len(requests)} tokenize shards failed; the others "
                                      "are kept and a retry reruns only these:\n\n" + "\n\n".join(map(str, failed)),

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from tqdm import tqdm
 
-from pretrain.log_parsers import parse_log
+from pretrain.log_parsers import parse_log, preprocess_progress
 from public_logs import blocks
 
 pytestmark = pytest.mark.pure  # no stack, no Prefect API: `make check` runs it
@@ -143,8 +143,11 @@ def test_nxdt_rounded_consumed_samples_is_kept_as_printed_and_says_so():
         "consumed_samples=2048.0", f"consumed_samples={_bar_number(102400.0)}")
     assert "consumed_samples=1.02e+5]" in line
     stream = parse_log(line)
-    assert stream.as_list() == [{"step": 100, "loss": 13.4, "lr": 7.5e-9, "param_norm": 5536.0,
-                                 "consumed_samples": 102000.0, "consumed_samples_rounded": 1.0}]
+    assert stream.as_list() == [{
+        "step": 100, "epoch": 0, "progress_pct": 3, "progress_count": 3, "progress_total": 91, "elapsed_s": 965.0,
+        "remaining_s": 7 * 3600 + 52 * 60 + 6, "s_per_it": 321.89, "running_loss": 6.7, "v_num": "2", "loss": 13.4,
+        "lr": 7.5e-9, "param_norm": 5536.0, "global_step": 99.0, "consumed_samples": 102000.0,
+        "consumed_samples_rounded": 1.0}]
     assert stream.skipped == 0
 
 
@@ -297,7 +300,8 @@ def test_public_megatron_lines_keep_every_field_under_its_name():
     deepspeed = points["microsoft/llama-note.md"][1]
     assert {k: deepspeed[k] for k in ("consumed_tokens", "actual_seqlen", "samples_per_second", "tflops")} == {
         "consumed_tokens": 65536, "actual_seqlen": 2048, "samples_per_second": 7.582, "tflops": 16.98}
-    assert points["microsoft/llama-note.md"][2500]["test_loss"] == 14.95915  # "... on 320-sample draw from test set"
+    drawn = points["microsoft/llama-note.md"][2500]  # "... on 320-sample draw from test set"
+    assert (drawn["test_loss"], drawn["test_samples_drawn"], drawn["val_samples_drawn"]) == (14.95915, 320, 320)
     old = points["gpt2/model_train.md"]  # iterations to 1000, validation at 1000 and 2000, then the end of training
     assert old[1000]["lr"] == 4.608e-05 and old[2000]["val_loss"] == 8.165035 and old[2000]["test_loss"] == 8.428315
     assert math.isnan(points["issues/396"][5426]["grad_norm"])
@@ -324,18 +328,100 @@ def test_public_torchtitan_step_lines_parse_with_every_value():
 
 
 def test_published_lightning_bars_give_the_steps_they_report():
-    """18 published NxDT, NeMo and BioNeMo logs: the last step each reports, rounded ones flagged
-    (BioNeMo's global_step=3.1e+4, NeMo's 2e+3 with a validation bar or a NeMo record glued to
-    it), a Slurm log with srun's prefix and carriage returns, NeMo 2.0's printer."""
+    """Published NxDT, NeMo and BioNeMo logs: the last step each reports and how it was found. A
+    rounded global_step takes its step from the bar's n where n - 1 prints as it (NeMo's bars: 2e+3
+    at 2000/603000 and at 2000/2000, with a validation bar or a NeMo record glued after it), else
+    lands on the printed value, flagged (BioNeMo's 3.1e+4 at 34106, n counting validation
+    batches); a Slurm log with srun's prefix and carriage returns; NeMo 2.0's printer."""
     last = []
     for source, lines in blocks("lightning-bars-public.txt"):
         stream = parse_log("\n".join(lines))
         point = stream.points[max(stream.points)]
-        last.append((point["step"], point["loss"], "step_rounded" in point))
+        last.append((point["step"], point["loss"], "global_step_rounded" in point, "step_rounded" in point))
     assert last == [
-        (3, 13.4, False), (4, 6.79, False), (190, 7.56, False), (424, 1.27, False), (4513, 2.45, False),
-        (31001, 2.52, True), (4945, 2.65, False), (2001, 2.6, True), (40, 10.9, False), (3, 1.0, False),
-        (2001, 0.139, True), (6024, 0.0252, False), (6, 11.0, False), (2, 5.07, False), (8, 5.07, False),
-        (100, 2.85, False), (2, 9.761, False), (20, 11.03, False)]
+        (3, 13.4, False, False), (4, 6.79, False, False), (190, 7.56, False, False), (424, 1.27, False, False),
+        (4513, 2.45, False, False), (31001, 2.52, True, True), (4945, 2.65, False, False), (2000, 2.6, True, False),
+        (40, 10.9, False, False), (3, 1.0, False, False), (2000, 0.139, True, False), (6024, 0.0252, False, False),
+        (6, 11.0, False, False), (2, 5.07, False, False), (8, 5.07, False, False), (100, 2.85, False, False),
+        (2, 9.761, False, False), (20, 11.03, False, False), (795, 3.09, False, False), (125, 1.375, False, False),
+        (4, 8.796, False, False)]
     bionemo = parse_log("\n".join(blocks("lightning-bars-public.txt")[5][1])).points[31001]
     assert (bionemo["consumed_samples"], bionemo["consumed_samples_rounded"], bionemo["val_loss"]) == (2.54e8, 1.0, 2.51)
+
+
+def _bar_point(block: int, step: int) -> dict:
+    return parse_log("\n".join(blocks("lightning-bars-public.txt")[block][1])).points[step]
+
+
+def test_published_bars_keep_every_value_they_print():
+    """Every postfix key (unknown ones as printed, a misspelt one, one with spaces), the epoch,
+    percentage, n/total, elapsed, remaining, the rate with its unit, Lightning 1.x's running loss,
+    and v_num, empty or not."""
+    dpo = _bar_point(1, 4)  # 5/62 [03:50<43:42,  0.02it/s, v_num=8-06, ..., global_step=3.000, ...]
+    assert dpo == {"step": 4, "epoch": 0, "progress_pct": 8, "progress_count": 5, "progress_total": 62,
+                   "elapsed_s": 230.0, "remaining_s": 43 * 60 + 42, "it_per_s": 0.02, "v_num": "8-06", "loss": 6.79,
+                   "chosen_rewards": -0.628, "rejected_rewards": -0.64, "lr": 5.45e-5, "param_norm": 1950.0,
+                   "global_step": 3.0, "consumed_samples": 64.0, "throughput_seq_s": 0.181,
+                   "throughput_peak_seq_s": 0.146, "grad_norm": 6.59}
+    llama = _bar_point(3, 424)  # neuronx-nemo-megatron's "thoughput_peak=11.30"
+    assert (llama["throughput_peak_seq_s"], llama["v_num"], llama["s_per_it"], llama["running_loss"]) == (
+        11.3, "1778", 5.9, 1.22)
+    assert _bar_point(4, 4513)["iteration_time"] == 16.5  # an unknown key, kept as printed
+    nemo = _bar_point(7, 2000)  # "Epoch 0: :   0%| | 2000/603000 [1:03:17<317:00:58, v_num=, ..."
+    assert nemo == {"step": 2000, "epoch": 0, "progress_pct": 0, "progress_count": 2000, "progress_total": 603000,
+                    "elapsed_s": 3797.0, "remaining_s": 317 * 3600 + 58, "v_num": "", "loss": 2.6,
+                    "global_step": 2000.0, "consumed_samples": 1.28e6, "step_time_s": 1.9, "val_loss": 2.8,
+                    "global_step_rounded": 1.0, "consumed_samples_rounded": 1.0}
+    printer = _bar_point(17, 20)  # "(pretraining, pid=4112) Training epoch 1, iteration 0/999 | ..."
+    assert printer == {"step": 20, "pid": 4112, "epoch": 1, "epoch_step": 0, "max_steps": 999, "lr": 2.999e-6,
+                       "global_batch_size": 512, "global_step": 19, "loss": 11.03, "step_time_s": 46.86,
+                       "consumed_samples": 10240}
+
+
+def test_a_rounded_global_step_takes_its_step_from_the_bars_counter():
+    """NeMo's bar counts optimizer steps: at n = 1001 the postfix's 1e+3 is global_step 1000, step
+    1001 exactly; an exact update for that step later replaces the approximate one, flags and all."""
+    bar = ("Epoch 0: :  10%|█         | {n}/10000 [1:00:00<9:00:00, v_num=, reduced_train_loss={loss}, "
+           "global_step={g}, consumed_samples={c}]")
+    stream = parse_log(bar.format(n=1001, loss="2.500", g=_bar_number(1000.0), c=_bar_number(1001.0 * 512)))
+    assert stream.points[1001]["global_step"] == 1000.0 and stream.points[1001]["global_step_rounded"] == 1.0
+    assert "step_rounded" not in stream.points[1001]
+    parse_log(bar.format(n=1001, loss="2.400", g="1000.0", c="512512.0"), stream)
+    assert stream.points[1001]["loss"] == 2.4 and "global_step_rounded" not in stream.points[1001]
+    assert "consumed_samples_rounded" not in stream.points[1001] and stream.skipped == 0
+
+
+def test_bar_updates_glued_to_each_other_or_to_other_output_each_parse():
+    update = ("Epoch 0:   0%|          | {n}/1100000 [56:22<190:36:32,  1.60it/s, loss=2.64, v_num=, "
+              "reduced_train_loss={loss}, global_step={g}.0, consumed_samples=4.")
+    torn_then_whole = update.format(n=5395, loss="2.640", g=4943) + update.format(n=5395, loss="2.650", g=4944) + "1e+6]"
+    stream = parse_log(torn_then_whole + "[NeMo I 2024-03-01 07:12:24 nlp_overrides:231] Removing checkpoint")
+    # the torn update has no consumed_samples; the whole one has, rounded
+    assert stream.points[4944]["loss"] == 2.64 and "consumed_samples" not in stream.points[4944]
+    assert stream.points[4945]["consumed_samples"] == 4.1e6 and stream.points[4945]["consumed_samples_rounded"] == 1.0
+    assert stream.skipped == 0
+
+
+def test_published_preprocess_data_progress_lines_keep_every_value():
+    """preprocess_data.py's progress line from Megatron-DeepSpeed, gpt-neox (its tqdm counter glued
+    after the final ".") and PICL's fork (the counter first, instances counted)."""
+    lines = [line for _, block in blocks("preprocess-data-public.txt") for line in block]
+    assert len(lines) == 8
+    read = [preprocess_progress(line) for line in lines]
+    assert read[0] == {"documents": 987700, "docs_per_s": 21903.35820268358, "mib_per_s": 50.4128344196837}
+    assert read[2] == {"documents": 521000, "docs_per_s": 24077.21, "mib_per_s": 5.05, "counter": 520000,
+                       "counter_elapsed_s": 21.0, "counter_it_per_s": 24642.85}
+    assert read[3] == {"documents": 19710000, "instances": 9454301, "docs_per_s": 16597.94547639502,
+                       "mib_per_s": 34.033233214932274, "counter": 19709610, "counter_elapsed_s": 19 * 60 + 42,
+                       "counter_it_per_s": 18230.21}
+    assert [r["documents"] for r in read[3:]] == [19710000, 19720000, 19730000, 19740000, 19750000]
+    # the stream of training metrics takes none of it
+    assert not parse_log("\n".join(lines)).points and parse_log("\n".join(lines)).skipped == 0
+
+
+@pytest.mark.parametrize("prefix, labels", [("0: ", {"srun_task": 0}), ("12:  ", {"srun_task": 12}), ("", {})])
+def test_preprocess_progress_keeps_the_srun_task_that_printed_it(prefix, labels):
+    line = prefix + "Processed 1000 documents (1234.5 docs/s, 2.10 MB/s)."
+    assert preprocess_progress(line) == {"documents": 1000, "docs_per_s": 1234.5, "mib_per_s": 2.1, **labels}
+    assert preprocess_progress(line[:-1]) is None  # torn before its final "."
+    assert preprocess_progress("Processed 1000 samples") is None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from datetime import datetime
 
 import pytest
 
@@ -77,3 +78,22 @@ def test_published_neuron_parallel_compile_output_of_every_form():
     compiles = [training_compiles(log) for _, log in logs[12:]]
     assert [c["from_cache"] for c in compiles] == [1, 0, 1, 0, 0, 0, 1]
     assert [c["compiled"] for c in compiles] == [0, 1, 0, 0, 0, 2, 0]  # mpirun's [1,1]<stdout>: prefixes too
+
+
+def test_published_output_keeps_logger_pid_time_progress_and_compile_times():
+    logs = [parse_npc_log("\n".join(lines)) for _, lines in blocks("neuron-parallel-compile-public.txt")]
+    outer = logs[2]  # "INFO: 2023-08-24 20:21:11.000895:  161136  INFO ||NEURON_PARALLEL_COMPILE||: ..."
+    assert (outer.logger, outer.pid, outer.time) == (
+        "NEURON_PARALLEL_COMPILE", 161136, datetime(2023, 8, 24, 20, 21, 11).timestamp() + 0.895)
+    assert (outer.started, outer.compile_s, outer.graph_seconds, outer.progress) == (None, None, {}, None)
+    assert (logs[4].logger, logs[4].pid) == ("NEURON_PARALLEL_COMPILE", None)  # no pid column
+    assert (logs[5].logger, logs[6].logger) == ("PARALLEL_COMPILE", "PARALLEL_COMPILE")
+    timed = logs[7]  # 2025: compile_time per graph, start_time, compilation_time, NEURON_CACHE progress
+    assert timed.progress == {"remaining": 0, "locked": 2, "failed": 0, "done": 32, "total": 34}
+    assert (timed.pid, timed.started, timed.compile_s) == (32201, 1737076372.654127, 195.32730412483215)
+    assert sorted(timed.graph_seconds.values()) == [9.770226240158081, 192.86727905273438]
+    assert timed.as_row("trn1-001")["compile_s"] == 195.32730412483215
+    assert logs[1].progress == {"remaining": 0, "locked": 0, "failed": 0, "done": 5, "total": 5}
+    assert logs[1].logger is None  # NEURON_CACHE lines only: the tool's own logger never spoke
+    cut = logs[9]  # progress dots glued before the timestamps
+    assert (cut.logger, cut.pid, cut.progress["remaining"], cut.progress["total"]) == ("PARALLEL_COMPILE", 715601, 4, 55)

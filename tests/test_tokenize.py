@@ -17,8 +17,10 @@ import zstandard
 from megatron.core.datasets.indexed_dataset import IndexedDataset, IndexedDatasetBuilder
 
 from pretrain.corpus import corpus_texts
+from pretrain.log_parsers import preprocess_progress
 from pretrain.toy_tokenizers import gpt2_style, llama3_style, sentencepiece_model
 from trainer.indexed_dataset import optimal_dtype
+from trainer.tokenize import Progress
 from trainer.tokenizer import load_tokenizer
 
 pytestmark = pytest.mark.pure  # no stack, no Prefect API: `make check` runs it
@@ -257,3 +259,16 @@ def test_nxd_arrow_matches_nxds_get_dataset(assets, corpus, texts, tmp_path):
     assert ours.features == reference.features
     for column in ("input_ids", "attention_mask", "labels"):
         assert ours[column] == reference[column]
+
+
+def test_the_progress_line_reads_back_as_the_tokenize_stage_reads_megatrons(capsys):
+    """``trainer tokenize`` prints Megatron's progress line; the parser the task streams it through
+    reads back the documents and both rates."""
+    progress = Progress(interval=1000)
+    progress.update(999, 1 << 20)  # below the interval: nothing printed
+    progress.update(1000, 3 << 20)
+    line = capsys.readouterr().err.strip()
+    read = preprocess_progress(line)
+    assert line.startswith("Processed 1000 documents (") and read is not None
+    assert read["documents"] == 1000 and read["docs_per_s"] > 0 and read["mib_per_s"] > 0
+    assert read["mib_per_s"] == pytest.approx(3 * read["docs_per_s"] / 1000, rel=0.01)

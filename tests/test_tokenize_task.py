@@ -14,7 +14,7 @@ from pretrain.corpus import corpus_texts
 from pretrain.presets import load_spec
 from pretrain.toy_tokenizers import gpt2_style, llama3_style
 from render.dataset_files import MissingTokenizerFile
-from tasks.tokenize import TokenizeFailed, tokenize
+from tasks.tokenize import ShardProgress, TokenizeFailed, tokenize
 from trainer.tokenizer import load_tokenizer
 
 
@@ -153,3 +153,15 @@ def test_nxdt_llama_specs_get_nxd_arrow_blocks_of_their_sequence_length(local_st
     assert blocks[0]["input_ids"][0] == bos  # every document starts with <|begin_of_text|>, as get_dataset.py's
     meta = json.loads((Path(out).parent / "MANIFEST.json").read_text())
     assert meta["documents"] == len(texts) and meta["key_inputs"]["output"] == "nxd-arrow"
+
+
+@pytest.mark.pure
+def test_shard_progress_sums_each_shards_latest_line():
+    """The task reads the progress line each array task prints (srun-labelled or not) and sums the
+    latest per shard; other output is not progress."""
+    progress = ShardProgress(shards=3, every_s=float("inf"))
+    progress(0, "Processed 1000 documents (500.0 docs/s, 1.50 MB/s).")
+    progress(0, "Processed 2000 documents (400.0 docs/s, 1.25 MB/s).")
+    progress(1, "0: Processed 3000 documents (600.0 docs/s, 2.00 MB/s).")
+    progress(1, "Traceback (most recent call last):")
+    assert progress.summary() == "tokenize: 5000 documents so far from 2 of 3 shards (1000 docs/s, 3.2 MiB/s of JSON)"
