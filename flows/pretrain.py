@@ -1,6 +1,7 @@
 """The `pretrain` flow: the runbook from raw data to a trained model, one task per stage.
 
-1. fetch: every data source of the spec to a content-addressed directory on the shared disk.
+1. fetch: every data source of the spec to a content-addressed directory on the shared disk; the
+   tokenizer, checkpoint and config.json the spec names on the Hugging Face Hub beside it.
 2. tokenize: the fetched JSONL to a Megatron indexed dataset, as a Slurm array and a merge (to
    NxD's Arrow blocks for NxDT's Llama configs); a fetched dataset tokenized already is handed on.
 3. convert: for continual pre-training on Trainium, the HF checkpoint to NxDT's shards.
@@ -21,10 +22,12 @@ from prefect.states import Cancelled
 
 from pretrain import manifest
 from pretrain.loss_curve import RunSummary, metrics_summary, package_versions
+from pretrain.hub_refs import spec_references
 from pretrain.presets import load_spec
 from pretrain.spec import PretrainSpec
 from tasks.convert import convert
 from tasks.fetch import fetch
+from tasks.hub_files import fetch_hub_files
 from tasks.precompile import precompile_native, precompile_neuron
 from tasks.dry_run import publish_rendered
 from jobs.slurm import FlowRunCancelled, jobs_of_this_flow_run, raise_if_cancelled
@@ -65,6 +68,9 @@ def run_stages(spec: PretrainSpec, stages: list[str] | None = None,
     selected = set(STAGES if stages is None else stages)
     stage = stage or StageTimer()
     outputs = stage.outputs
+    if spec_references(spec):
+        # the later stages read the Hub's files from the shared disk, by the paths this spec names
+        spec = stage("fetch-hub", fetch_hub_files, spec, reuse_only="fetch" not in selected)
     data_dir = stage("fetch", fetch, spec, reuse_only="fetch" not in selected)
     outputs["fetch"] = data_dir
     if selected <= {"fetch"}:
