@@ -89,8 +89,8 @@ def hub_errors(ref: HubRef, access: HubAccess) -> Iterator[None]:
                        f"that exists (see {ref.page(access.url)}/tree/main)") from None
     except RepositoryNotFoundError:
         kind = "dataset" if ref.repo_type == "dataset" else "model"
-        raise HubError(f"{uri}: no {kind} repository {ref.repo_id!r} at {access.url} that {access.who()} can "
-                       "read: check the name (datasets are hf://datasets/ORG/NAME); a private repository needs "
+        raise HubError(f"{uri}: no {kind} repository {ref.repo_id!r} at {access.url} readable with {access.who()}: "
+                       "check the name (datasets are hf://datasets/ORG/NAME); a private repository needs "
                        "a token with read access in hub.token_block") from None
     except HfHubHTTPError as exc:
         status = exc.response.status_code if exc.response is not None else None

@@ -11,7 +11,7 @@ import json
 import shutil
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -103,7 +103,9 @@ def fetch_key_inputs(listing: list[tuple[DataSource, Any, list[RemoteObject]]]) 
         entry = {"uri": src.uri, "decompress": src.decompress, "sha256": src.sha256,
                  "objects": [(o.uri, o.name, o.size, o.etag) for o in objects]}
         if isinstance(reader, HubSource):
-            entry |= {"commit": reader.commit, "dataset": src.dataset.model_dump() if src.dataset else None}
+            # the commit stands for the revision: @main and the commit main points at are one key
+            entry |= {"uri": replace(reader.ref, revision=reader.commit).uri, "commit": reader.commit,
+                      "dataset": src.dataset.model_dump() if src.dataset else None}
         sources.append(entry)
     return {"format": FETCH_FORMAT, "sources": sources}
 
@@ -140,7 +142,7 @@ def _fetch_hub(source: DataSource, hub: HubSource, staging: Path, names: dict[st
     ``dataset:``, its split read with ``datasets`` and written as JSONL shards instead."""
     started = time.monotonic()
     folder = snapshot(hub.ref, hub.commit, hub.ref.patterns, hub.access)
-    pinned = f"{hub.ref.uri.split('@')[0]}@{hub.commit}"
+    pinned = replace(hub.ref, revision=hub.commit, patterns=()).uri
     if source.dataset is not None:
         files = write_jsonl_shards(hub.ref, folder, source.dataset.config, source.dataset.split, staging)["files"]
         sources = {name: pinned for name in files}
