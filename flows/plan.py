@@ -19,8 +19,7 @@ from pretrain.hub import hub_key_inputs, resolve_commit
 from pretrain.hub_refs import download_patterns, local_value, spec_references, with_local_values
 from pretrain.spec import PretrainSpec
 from tasks.convert import convert_key_inputs
-from tasks.fetch import fetch_key_inputs, list_sources
-from tasks.hub_files import hub_access
+from tasks.fetch import fetch_key_inputs, hub_access, list_sources
 from tasks.tokenize import pretokenized, tokenize_key_inputs
 
 

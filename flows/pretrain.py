@@ -26,8 +26,7 @@ from pretrain.hub_refs import spec_references
 from pretrain.presets import load_spec
 from pretrain.spec import PretrainSpec
 from tasks.convert import convert
-from tasks.fetch import fetch
-from tasks.hub_files import fetch_hub_files
+from tasks.fetch import fetch, fetch_hub_files
 from tasks.precompile import precompile_native, precompile_neuron
 from tasks.dry_run import publish_rendered
 from jobs.slurm import FlowRunCancelled, jobs_of_this_flow_run, raise_if_cancelled

@@ -99,6 +99,13 @@ def parse_hub_uri(uri: str, field: str) -> HubRef:
     return HubRef(repo_type, repo_id, revision, patterns)
 
 
+def checked(value: str | None, field: str) -> str | None:
+    """``value`` as a spec field holds it, once an hf:// URI in it parses (else a ValueError)."""
+    if is_hub_uri(value):
+        parse_hub_uri(value, field)
+    return value
+
+
 def download_patterns(field: str, ref: HubRef) -> tuple[str, ...]:
     """The files to download for ``field``: the URI's patterns, else the field's own."""
     return ref.patterns or FIELD_PATTERNS[field]

@@ -13,7 +13,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
-from pretrain.hub_refs import is_hub_uri, parse_hub_uri
+from pretrain.hub_refs import checked, is_hub_uri, parse_hub_uri
 from trainer.model_shape import (check_attention_shape, check_converted_kv_heads, check_heads_over_tp,
                                  check_kv_heads_over_tp, check_native_float8, check_native_model,
                                  check_native_tp, check_qkv_layout)
@@ -109,9 +109,7 @@ class TokenizerSpec(Strict):
     @field_validator("path", "vocab_file", "merges_file")
     @classmethod
     def _hub_uri(cls, value: str | None, info: ValidationInfo) -> str | None:
-        if is_hub_uri(value):
-            parse_hub_uri(value, f"tokenizer.{info.field_name}")
-        return value
+        return checked(value, f"tokenizer.{info.field_name}")
 
     @model_validator(mode="after")
     def _files_for_type(self) -> TokenizerSpec:
@@ -170,9 +168,7 @@ class ModelSpec(Strict):
     @field_validator("init_from")
     @classmethod
     def _hub_checkpoint(cls, value: str | None) -> str | None:
-        if is_hub_uri(value):
-            parse_hub_uri(value, "model.init_from")
-        return value
+        return checked(value, "model.init_from")
 
     @model_validator(mode="before")
     @classmethod
@@ -315,9 +311,7 @@ class NeuronSpec(Restarts):
     @field_validator("hf_config")
     @classmethod
     def _hub_config(cls, value: str | None) -> str | None:
-        if is_hub_uri(value):
-            parse_hub_uri(value, "backend.neuron.hf_config")
-        return value
+        return checked(value, "backend.neuron.hf_config")
     hang_timeout_min: float = Field(60.0, gt=0, description="Cancel and resubmit a run whose progress has not "
                                     "advanced for this long (a 70B step takes minutes, loading the graphs more).")
 

@@ -3,6 +3,11 @@
 Runs on the control plane (it is I/O, not compute). The output key is built from what the
 sources are — URIs, ETags, sizes, a Hub repository's commit — and how they are unpacked, so a
 second run with unchanged sources lists them, finds a valid MANIFEST.json and downloads nothing.
+
+The spec's other hf:// fields (the tokenizer, the checkpoint to continue from, NxDT's
+config.json) each become a content-addressed output of their own (``<root>/hub/hub-<key>/``,
+keyed by the commit), and the stages after fetch get a spec naming those directories instead of
+the URIs, so no node and no job file ever sees the Hub or the token.
 """
 
 from __future__ import annotations
@@ -24,16 +29,17 @@ from prefect.logging import get_run_logger
 from prefect.tasks import exponential_backoff
 
 from pretrain import manifest
-from pretrain.hub import HubAccess, link_files, resolve_commit, snapshot, snapshot_files
+from pretrain.hub import (HubAccess, HubError, access_for, fetch_files, link_files, resolve_commit, snapshot,
+                         snapshot_files)
 from pretrain.hub_dataset import write_jsonl_shards
-from pretrain.hub_refs import HubRef, is_hub_uri, parse_hub_uri
+from pretrain.hub_refs import (HubRef, download_patterns, is_hub_uri, local_value, parse_hub_uri, spec_references,
+                               with_local_values)
 from pretrain.spec import DataSource, PretrainSpec
 from pretrain.transfer import (
     ANONYMOUS, FetchError, HttpReader, LocalReader, RemoteObject, S3Reader, decompress, decompressed_name,
     download,
 )
 from tasks.artifacts import artifact_key, retryable
-from tasks.hub_files import hub_access
 
 FETCH_FORMAT = 1  # bump when the layout of fetch outputs changes
 FILE_WORKERS = 4
@@ -69,6 +75,21 @@ def reader_for(source: DataSource) -> S3Reader | HttpReader | LocalReader:
             return HttpReader(token=Secret.load(source.credentials).get())
         return HttpReader()
     return LocalReader()
+
+
+def hub_access(spec: PretrainSpec) -> HubAccess:
+    """The spec's hub settings with the token of its Secret block (hub.token_block), if any."""
+    token = None
+    if spec.hub.token_block:
+        from prefect.blocks.system import Secret
+
+        try:
+            token = Secret.load(spec.hub.token_block).get()
+        except ValueError:
+            raise HubError(f"hub.token_block={spec.hub.token_block!r}: no Secret block of that name; create it "
+                           "with a Hugging Face token (Secret(value=...).save(name), or in the UI under "
+                           "Blocks)") from None
+    return access_for(spec, token)
 
 
 @dataclass(frozen=True)
@@ -223,3 +244,25 @@ def _publish(spec: PretrainSpec, rows: list[dict[str, Any]], final: Path, cached
         description=f"{len(rows)} files, {total / 1e6:.1f} MB in {final}"
         + (" (cached: nothing downloaded)" if cached else ""),
     )
+
+
+@task(name="fetch-hub-files", retries=3, retry_delay_seconds=exponential_backoff(backoff_factor=5),
+      retry_condition_fn=retryable)
+def fetch_hub_files(spec: PretrainSpec, reuse_only: bool = False) -> PretrainSpec:
+    """Download each hf:// field's files (only those the field needs); return the spec with the
+    fields pointing at them. ``reuse_only``: never download (fetch was left out of the run)."""
+    logger = get_run_logger()
+    access = hub_access(spec)
+    values, rows = {}, []
+    for field, ref in spec_references(spec).items():
+        patterns = download_patterns(field, ref)
+        directory, done, cached = fetch_files(ref, patterns, access, spec.paths.root, reuse_only)
+        values[field] = local_value(field, ref, str(directory))
+        logger.info("%s: %s at commit %s -> %s%s", field, ref.uri, done["commit"], values[field],
+                    " (cached)" if cached else "")
+        rows.append({"field": field, "uri": ref.uri, "commit": done["commit"], "files": len(done["files"]),
+                     "bytes": sum(f["bytes"] for f in done["files"].values()), "cached": cached,
+                     "path": values[field]})
+    create_table_artifact(rows, key=artifact_key(spec.name, "hub"),
+                          description="Hugging Face Hub files of the spec, by commit")
+    return with_local_values(spec, values)
