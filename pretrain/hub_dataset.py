@@ -11,17 +11,21 @@ from __future__ import annotations
 import math
 import tempfile
 from pathlib import Path
-from typing import Any
-
-import datasets
+from typing import TYPE_CHECKING, Any
 
 from pretrain.hub import HubError
 from pretrain.hub_refs import HubRef
+
+if TYPE_CHECKING:
+    import datasets
 
 SHARD_BYTES = 256 << 20  # Arrow bytes per JSONL shard: the tokenize stage's own shard size
 
 
 def _load(ref: HubRef, folder: Path, config: str | None, split: str, cache_dir: str) -> datasets.Dataset:
+    # imported here: seconds of pandas and pyarrow that every CLI call and flow start would pay
+    import datasets
+
     try:
         return datasets.load_dataset(str(folder), name=config, split=split, cache_dir=cache_dir)
     except ValueError as exc:

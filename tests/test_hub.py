@@ -242,3 +242,25 @@ def test_a_loading_script_repository_points_at_its_parquet_conversion(local_hub,
     folder = snapshot(ref, resolve_commit(ref, hub_access), ref.patterns, hub_access)
     with pytest.raises(HubError, match=r"loading script \(wikicorpus.py\).*@refs%2Fconvert%2Fparquet"):
         write_jsonl_shards(ref, folder, "raw_en", "train", tmp_path)
+
+
+def test_plan_tells_a_moved_revision_by_its_commit(local_hub, tmp_path):
+    from flows.plan import plan
+    from pretrain.presets import load_spec
+    from test_formats import ASSETS
+
+    repo = local_hub.repo("model", "org/tok")
+    first = repo.commit({p.name: p.read_bytes() for p in (ASSETS / "hf").iterdir()})
+    spec = load_spec("tiny-local", [
+        "tokenizer.path=hf://org/tok", f"hub.endpoint={local_hub.endpoint}", f"hub.cache_dir={tmp_path / 'cache'}",
+        f"paths.root={tmp_path / 'root'}", f"data.sources=[{{uri: {ASSETS / 'corpus.jsonl'}}}]"])
+    hub_stage, _, tokenize, *_ = plan(spec)
+    assert (hub_stage.stage, hub_stage.action, tokenize.reason) == (
+        "hub tokenizer.path", "run", "files from the Hub are new: fetch runs first")
+    ref = parse_hub_uri("hf://org/tok", "tokenizer.path")
+    out, _, _ = fetch_files(ref, download_patterns("tokenizer.path", ref), access(local_hub, tmp_path),
+                            str(tmp_path / "root"))
+    assert plan(spec)[0].action == "reuse" and plan(spec)[0].output == str(out)
+    second = repo.commit({"tokenizer.json": b"{}"})
+    moved = plan(spec)[0]
+    assert moved.action == "run" and f'commit: "{first}" -> "{second}"' in moved.reason
