@@ -47,7 +47,9 @@ def write_jsonl_shards(ref: HubRef, folder: Path, config: str | None, split: str
     """Load ``config``/``split`` from the snapshot ``folder`` and write it to ``dest`` as
     ``NAME[-CONFIG]-SPLIT-0000i-of-0000n.jsonl``; return what the manifest records (rows,
     files, columns, the dataset's own fingerprint)."""
-    with tempfile.TemporaryDirectory(prefix=".datasets-cache-", dir=dest) as cache_dir:
+    # datasets' Arrow cache beside the output, on the shared filesystem (not a small /tmp), and
+    # outside it, so that one a killed attempt leaves is never described as part of the output
+    with tempfile.TemporaryDirectory(prefix=".datasets-cache-", dir=dest.parent) as cache_dir:
         dataset = _load(ref, folder, config, split, cache_dir)
         shards = max(1, math.ceil(dataset.data.nbytes / SHARD_BYTES))
         stem = "-".join(p for p in (ref.repo_id.split("/")[-1], config, split) if p)

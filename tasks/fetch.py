@@ -166,6 +166,8 @@ def _fetch_hub(source: DataSource, hub: HubSource, staging: Path, names: dict[st
     pinned = replace(hub.ref, revision=hub.commit, patterns=()).uri
     if source.dataset is not None:
         files = write_jsonl_shards(hub.ref, folder, source.dataset.config, source.dataset.split, staging)["files"]
+        for name in files:
+            _claim(names, name, hub.ref.uri)
         sources = {name: pinned for name in files}
     else:
         files = snapshot_files(folder)

@@ -227,7 +227,8 @@ def test_datasets_source_is_written_as_jsonl_shards(local_hub, tmp_path):
     assert written["files"] == ["wiki-raw_en-train-00000-of-00001.jsonl"] and written["rows"] == 50
     lines = (dest / written["files"][0]).read_text(encoding="utf-8").splitlines()
     assert [json.loads(line)["text"] for line in lines] == texts
-    assert sorted(p.name for p in dest.iterdir()) == written["files"]  # datasets' cache is gone
+    assert sorted(p.name for p in dest.iterdir()) == written["files"]
+    assert not list(tmp_path.glob(".datasets-cache-*"))  # datasets' cache is gone
 
     with pytest.raises(HubError, match="config='raw_de'.*fix data.sources"):
         write_jsonl_shards(ref, folder, "raw_de", "train", dest)
