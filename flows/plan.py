@@ -15,9 +15,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pretrain import manifest
+from pretrain.hub import hub_key_inputs, resolve_commit
+from pretrain.hub_refs import download_patterns, local_value, spec_references, with_local_values
 from pretrain.spec import PretrainSpec
 from tasks.convert import convert_key_inputs
-from tasks.fetch import fetch_key_inputs, list_sources
+from tasks.fetch import fetch_key_inputs, hub_access, list_sources
 from tasks.tokenize import pretokenized, tokenize_key_inputs
 
 
@@ -30,12 +32,15 @@ class StagePlan:
     output: str = ""
 
 
-def _keyed(spec: PretrainSpec, stage: str, key_inputs: dict) -> StagePlan:
+def _keyed(spec: PretrainSpec, stage: str, key_inputs: dict, same: tuple[str, ...] = ()) -> StagePlan:
+    """``same``: key inputs an earlier output must share to be compared with (a hub output is
+    compared with the same repository's and files', so a moved revision shows as its commit)."""
     key = manifest.stable_hash(key_inputs)
     final = manifest.output_dir(spec.paths.root, stage, key)
     if manifest.load_valid(final, key) is not None:
         return StagePlan(stage, "reuse", "a complete output with this key is there (MANIFEST valid)", key, str(final))
-    newest = manifest.newest_output(spec.paths.root, stage)
+    newest = manifest.newest_output(spec.paths.root, stage, lambda m: all(
+        m.get("key_inputs", {}).get(name) == key_inputs[name] for name in same))
     if newest is None:
         reason = "no earlier output of this stage"
     elif "key_inputs" not in newest:
@@ -47,19 +52,50 @@ def _keyed(spec: PretrainSpec, stage: str, key_inputs: dict) -> StagePlan:
     return StagePlan(stage, "run", reason, key, str(final))
 
 
+def _hub_files(spec: PretrainSpec) -> tuple[list[StagePlan], PretrainSpec | None]:
+    """One plan per hf:// field (the tokenizer, the checkpoint, NxDT's config.json), each keyed by
+    the commit its revision points at now; and the spec naming their outputs, when all are there
+    (None while one must be downloaded first)."""
+    references = spec_references(spec)
+    access = hub_access(spec) if references else None
+    plans, values = [], {}
+    for field, ref in references.items():
+        patterns = download_patterns(field, ref)
+        hub = _keyed(spec, "hub", hub_key_inputs(ref, resolve_commit(ref, access), patterns),
+                     same=("repo_type", "repo_id", "patterns"))
+        plans.append(StagePlan(f"hub {field}", hub.action, f"{ref.uri}: {hub.reason}", hub.key, hub.output))
+        values[field] = local_value(field, ref, hub.output)
+    complete = all(p.action == "reuse" for p in plans)
+    return plans, with_local_values(spec, values) if complete else None
+
+
 def plan(spec: PretrainSpec) -> list[StagePlan]:
     """Every stage that applies to the spec's backend, in the order the flow runs them."""
+    stages, local = _hub_files(spec)
     fetch = _keyed(spec, "fetch", fetch_key_inputs(list_sources(spec)))
-    stages = [fetch]
+    stages.append(fetch)
+    if local is None:
+        # the tokenizer or checkpoint the later keys are built from is not on disk yet
+        stages.append(StagePlan("tokenize", "run", "files from the Hub are new: fetch runs first"))
+        stages += _unkeyed(spec)
+        return stages
+    spec = local
     if fetch.action != "reuse":
         stages.append(StagePlan("tokenize", "run", "its input is new: fetch runs first"))
     elif (dataset := pretokenized(Path(fetch.output))) is not None:
         stages.append(StagePlan("tokenize", "hand on", "the fetched data is tokenized already", output=dataset))
     else:
         stages.append(_keyed(spec, "tokenize", tokenize_key_inputs(spec, Path(fetch.output))))
-    kind = spec.backend.kind
-    if kind == "neuron" and spec.model.init_from:
+    if spec.backend.kind == "neuron" and spec.model.init_from:
         stages.append(_keyed(spec, "convert", convert_key_inputs(spec, Path(spec.model.init_from).expanduser())))
+    return stages + _unkeyed(spec)
+
+
+def _unkeyed(spec: PretrainSpec) -> list[StagePlan]:
+    """The stages that always run."""
+    kind, stages = spec.backend.kind, []
+    if kind == "neuron" and "model.init_from" in spec_references(spec):
+        stages.append(StagePlan("convert", "run", "its checkpoint comes from the Hub: fetch runs first"))
     if kind == "neuron" or (kind == "native" and spec.backend.native.compile):
         stages.append(StagePlan("precompile", "run", "fills the compile cache; graphs it holds already are "
                                 "served from it, not compiled again"))

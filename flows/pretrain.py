@@ -2,7 +2,8 @@
 
 0. preflight: refuse what this host or the cluster cannot run before anything is queued; before
    jobs on many nodes, a one-node probe of what the backend needs there.
-1. fetch: every data source of the spec to a content-addressed directory on the shared disk.
+1. fetch: every data source of the spec to a content-addressed directory on the shared disk; the
+   tokenizer, checkpoint and config.json the spec names on the Hugging Face Hub beside it.
 2. tokenize: the fetched JSONL to a Megatron indexed dataset, as a Slurm array and a merge (to
    NxD's Arrow blocks for NxDT's Llama configs); a fetched dataset tokenized already is handed on.
 3. convert: for continual pre-training on Trainium, the HF checkpoint to NxDT's shards.
@@ -23,10 +24,11 @@ from prefect.states import Cancelled
 
 from pretrain import manifest
 from pretrain.loss_curve import RunSummary, metrics_summary, package_versions
+from pretrain.hub_refs import spec_references
 from pretrain.presets import load_spec
 from pretrain.spec import PretrainSpec
 from tasks.convert import convert
-from tasks.fetch import fetch
+from tasks.fetch import fetch, fetch_hub_files
 from tasks.precompile import precompile_native, precompile_neuron
 from tasks.preflight import preflight
 from tasks.dry_run import publish_rendered
@@ -69,6 +71,9 @@ def run_stages(spec: PretrainSpec, stages: list[str] | None = None,
     stage = stage or StageTimer()
     outputs = stage.outputs
     stage("preflight", preflight, spec, sorted(selected))
+    if spec_references(spec):
+        # the later stages read the Hub's files from the shared disk, by the paths this spec names
+        spec = stage("fetch-hub", fetch_hub_files, spec, reuse_only="fetch" not in selected)
     data_dir = stage("fetch", fetch, spec, reuse_only="fetch" not in selected)
     outputs["fetch"] = data_dir
     if selected <= {"fetch"}:

@@ -13,7 +13,7 @@ import os
 import shutil
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -138,15 +138,17 @@ def load_valid(directory: Path, key: str, deep: bool = False) -> dict[str, Any] 
     return manifest
 
 
-def newest_output(root: str | Path, stage: str) -> dict[str, Any] | None:
-    """The manifest of the stage's most recently completed output under ``root``, if any."""
+def newest_output(root: str | Path, stage: str,
+                  where: Callable[[dict[str, Any]], bool] = lambda manifest: True) -> dict[str, Any] | None:
+    """The manifest of the stage's most recently completed output under ``root`` (of those that
+    ``where`` accepts), if any."""
     manifests = []
     for path in (Path(root).expanduser() / stage).glob(f"{stage}-*/{MANIFEST}"):
         try:
             manifests.append(json.loads(path.read_text()))
         except (OSError, ValueError):
             continue
-    return max(manifests, key=lambda m: m.get("created", ""), default=None)
+    return max(filter(where, manifests), key=lambda m: m.get("created", ""), default=None)
 
 
 def changed_inputs(before: dict[str, Any], now: dict[str, Any], prefix: str = "") -> list[str]:

@@ -11,8 +11,9 @@ import copy
 import os
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
+from pretrain.hub_refs import checked, is_hub_uri, parse_hub_uri
 from trainer.model_shape import (check_attention_shape, check_converted_kv_heads, check_heads_over_tp,
                                  check_kv_heads_over_tp, check_native_float8, check_native_model,
                                  check_native_tp, check_qkv_layout)
@@ -26,15 +27,41 @@ class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+class HubDataset(Strict):
+    """A dataset repository read with the ``datasets`` library, as NxD's get_dataset.py reads
+    wikicorpus, and written as JSONL shards for the tokenize stage."""
+
+    config: str | None = Field(None, description="The dataset's configuration (load_dataset's name), e.g. raw_en.")
+    split: str = Field("train", description="The split to write, e.g. train.")
+
+
 class DataSource(Strict):
-    uri: str = Field(description="s3://bucket/key, s3://bucket/prefix/, https://... or a local path.")
+    uri: str = Field(description="s3://bucket/key, s3://bucket/prefix/, https://..., a local path, or "
+                     "hf://[datasets/]ORG/NAME[@REVISION][/PATTERNS] (the Hugging Face Hub; token from hub.token_block).")
     credentials: str | None = Field(
         None, description="s3://: name of a prefect-aws AwsCredentials block; https://: name of a Secret "
-        "block holding a bearer token (a Hugging Face token, say). None: anonymous access (public "
-        "buckets such as s3://neuron-s3, public URLs).")
+        "block holding a bearer token. None: anonymous access (public buckets such as s3://neuron-s3, "
+        "public URLs). hf:// sources use hub.token_block.")
     endpoint_url: str | None = Field(None, description="S3-compatible endpoint, overriding the block's.")
     decompress: bool = Field(False, description="Unpack .xz/.gz/.zst/.bz2 files after download.")
     sha256: str | None = Field(None, description="Expected sha256 of a single-file source.")
+    dataset: HubDataset | None = Field(None, description="For hf://datasets/ URIs: read the repository with "
+                                       "the datasets library (config, split) and write JSONL shards; unset: "
+                                       "its files as they are (a tokenized save_to_disk directory, say).")
+
+    @model_validator(mode="after")
+    def _hub_source(self) -> DataSource:
+        if not is_hub_uri(self.uri):
+            if self.dataset is not None:
+                raise ValueError(f"dataset: is for hf://datasets/ sources; uri={self.uri!r} is not one")
+            return self
+        ref = parse_hub_uri(self.uri, "uri")
+        if self.credentials or self.endpoint_url:
+            raise ValueError(f"uri={self.uri!r}: an hf:// source takes its token from hub.token_block and its "
+                             "endpoint from hub.endpoint; remove credentials/endpoint_url from the source")
+        if self.dataset is not None and ref.repo_type != "dataset":
+            raise ValueError(f"uri={self.uri!r} is a model repository; dataset: needs hf://datasets/ORG/NAME")
+        return self
 
 
 class BlendSource(Strict):
@@ -79,6 +106,11 @@ class TokenizerSpec(Strict):
     merges_file: str | None = Field(None, description="gpt2-bpe merges.txt (path or URI).")
     append_eod: bool = Field(True, description="Append the end-of-document token (Megatron --append-eod).")
 
+    @field_validator("path", "vocab_file", "merges_file")
+    @classmethod
+    def _hub_uri(cls, value: str | None, info: ValidationInfo) -> str | None:
+        return checked(value, f"tokenizer.{info.field_name}")
+
     @model_validator(mode="after")
     def _files_for_type(self) -> TokenizerSpec:
         if self.type == "gpt2-bpe" and not (self.vocab_file and self.merges_file):
@@ -122,7 +154,8 @@ class ModelSpec(Strict):
     rope_theta: float | None = Field(None, description="RoPE base (Llama).")
     rope_scaling: RopeScaling | None = Field(None, description="Llama 3.1 rope scaling.")
     init_from: str | None = Field(None, description="A Hugging Face checkpoint (directory with config.json "
-                                  "+ safetensors) to continue pre-training from; converted for the backend.")
+                                  "+ safetensors, or hf://ORG/NAME[@REVISION]) to continue pre-training from; "
+                                  "converted for the backend.")
     fuse_qkv: bool = Field(True, description="NxD: one fused qkv_proj.weight_qkv per rank (the 70B YAMLs' "
                            "default); false keeps weight_q/k/v. Needs qkv_linear.")
     qkv_linear: bool = Field(True, description="NxD (Llama): attention through GQAQKVColumnParallelLinear, "
@@ -131,6 +164,11 @@ class ModelSpec(Strict):
                              "(LlamaAttention in aws-neuron/neuronx-distributed-training src/"
                              "neuronx_distributed_training/models/hf_models/modeling_llama.py). The NxDT YAML and "
                              "the converter's key layout both follow it.")
+
+    @field_validator("init_from")
+    @classmethod
+    def _hub_checkpoint(cls, value: str | None) -> str | None:
+        return checked(value, "model.init_from")
 
     @model_validator(mode="before")
     @classmethod
@@ -267,7 +305,13 @@ class NeuronSpec(Restarts):
     save_xser: bool = True
     async_checkpointing: bool = False
     checkpoint_filename: str | None = Field(None, description="exp_manager checkpoint filename template.")
-    hf_config: str | None = Field(None, description="HF config.json path on the cluster (NxDT model.model_config).")
+    hf_config: str | None = Field(None, description="HF config.json (NxDT model.model_config): a path on the "
+                                  "cluster, or hf://ORG/NAME[@REVISION] whose config.json fetch brings to the shared disk.")
+
+    @field_validator("hf_config")
+    @classmethod
+    def _hub_config(cls, value: str | None) -> str | None:
+        return checked(value, "backend.neuron.hf_config")
     hang_timeout_min: float = Field(60.0, gt=0, description="Cancel and resubmit a run whose progress has not "
                                     "advanced for this long (a 70B step takes minutes, loading the graphs more).")
 
@@ -361,6 +405,18 @@ class ClusterSpec(Strict):
     time_limit_min: int = Field(gt=0, description="Slurm time limit of the training job, in minutes.")
 
 
+class HubSpec(Strict):
+    """Access to the Hugging Face Hub for every hf:// URI of the spec."""
+
+    token_block: str | None = Field(None, description="Name of a Prefect Secret block holding a Hugging Face "
+                                    "token: gated (meta-llama) and private repositories need one. None: anonymous.")
+    endpoint: str | None = Field(None, description="The Hub's URL; None: huggingface_hub's (HF_ENDPOINT, else "
+                                 "https://huggingface.co).")
+    cache_dir: str | None = Field(None, description="huggingface_hub's cache, where downloads land before they are "
+                                  "linked into stage outputs; None: <paths.root>/hub-cache. With HF_HUB_OFFLINE=1 "
+                                  "only this cache is read.")
+
+
 def _default_root() -> str:
     return os.environ.get("PRETRAIN_ROOT", "~/.pretrain/data")
 
@@ -386,6 +442,7 @@ class PretrainSpec(Strict):
     training: TrainingSpec
     cluster: ClusterSpec
     backend: BackendSpec = BackendSpec()
+    hub: HubSpec = HubSpec()
     paths: PathsSpec = Field(default_factory=PathsSpec)
 
     @property

@@ -18,9 +18,11 @@ from blocks.kubernetes import KubernetesCluster, runbook_cluster
 from jobs.executor import KUBERNETES_PREFIX, load_kubernetes_block
 from jobs.node import Command
 from jobs.slurm import MissingClusterBlock, job_folder, load_cluster_block, slurm_parameters, stage_request
+from pretrain.hub_refs import with_local_values
 from pretrain.spec import PretrainSpec
 from render import kubernetes, megatron_lm, native, nxdt
 from render.convert_command import convert_command
+from render.hub_downloads import hub_downloads, hub_placeholders
 from render.dataset_files import arrow_output, tokenizer_paths
 from render.megatron_lm import in_container
 from render.nxdt_scripts import CONFIG_NAME, precompile_script, train_script
@@ -102,6 +104,10 @@ def render_files(spec: PretrainSpec, cluster: SlurmCluster | KubernetesCluster |
                 **kubernetes_files(spec, cluster, files)}
     site = cluster = cluster or SlurmCluster(executor="slurm")
     files = {"spec.yaml": yaml.safe_dump(json.loads(spec.model_dump_json()), sort_keys=False)}
+    if downloads := hub_downloads(spec, FETCHED):
+        files["hub_downloads.txt"] = downloads
+        # the stages after fetch read the Hub's files from the shared disk, never a URI
+        spec = with_local_values(spec, hub_placeholders(spec))
     tokenizer = {flag: str(path) for flag, path in tokenizer_paths(spec, Path(FETCHED)).items()}
     files["tokenize.sh"] = _shell(tokenize_command(spec, [FETCHED], f"{DATASET}/data", tokenizer,
                                                    shard=None if arrow_output(spec) else "$SHARD/$SHARDS"))
@@ -162,7 +168,7 @@ def publish_rendered(spec: PretrainSpec) -> list[str]:
             note = f"; without the site settings of cluster.block={spec.cluster.block!r}: no such block yet"
     files = render_files(spec, cluster)
     for name, text in files.items():
-        language = {"yaml": "yaml", "json": "json"}.get(name.rsplit(".", 1)[-1], "bash")
+        language = {"yaml": "yaml", "json": "json", "txt": "text"}.get(name.rsplit(".", 1)[-1], "bash")
         create_markdown_artifact(f"**{name}**\n\n```{language}\n{text}```",
                                  key=artifact_key(spec.name, "render-" + name.split(".")[0].replace("_", "-")),
                                  description=f"{name} rendered for {spec.name} (dry run)"

@@ -1,8 +1,13 @@
 """fetch: bring every source of the spec to a content-addressed directory on the shared disk.
 
 Runs on the control plane (it is I/O, not compute). The output key is built from what the
-sources are — URIs, ETags, sizes — and how they are unpacked, so a second run with unchanged
-sources lists them, finds a valid MANIFEST.json and downloads nothing.
+sources are — URIs, ETags, sizes, a Hub repository's commit — and how they are unpacked, so a
+second run with unchanged sources lists them, finds a valid MANIFEST.json and downloads nothing.
+
+The spec's other hf:// fields (the tokenizer, the checkpoint to continue from, NxDT's
+config.json) each become a content-addressed output of their own (``<root>/hub/hub-<key>/``,
+keyed by the commit), and the stages after fetch get a spec naming those directories instead of
+the URIs, so no node and no job file ever sees the Hub or the token.
 """
 
 from __future__ import annotations
@@ -11,6 +16,7 @@ import json
 import shutil
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +29,11 @@ from prefect.logging import get_run_logger
 from prefect.tasks import exponential_backoff
 
 from pretrain import manifest
+from pretrain.hub import (HubAccess, HubError, access_for, fetch_files, link_files, resolve_commit, snapshot,
+                         snapshot_files)
+from pretrain.hub_dataset import write_jsonl_shards
+from pretrain.hub_refs import (HubRef, download_patterns, is_hub_uri, local_value, parse_hub_uri, spec_references,
+                               with_local_values)
 from pretrain.spec import DataSource, PretrainSpec
 from pretrain.transfer import (
     ANONYMOUS, FetchError, HttpReader, LocalReader, RemoteObject, S3Reader, decompress, decompressed_name,
@@ -66,25 +77,58 @@ def reader_for(source: DataSource) -> S3Reader | HttpReader | LocalReader:
     return LocalReader()
 
 
+def hub_access(spec: PretrainSpec) -> HubAccess:
+    """The spec's hub settings with the token of its Secret block (hub.token_block), if any."""
+    token = None
+    if spec.hub.token_block:
+        from prefect.blocks.system import Secret
+
+        try:
+            token = Secret.load(spec.hub.token_block).get()
+        except ValueError:
+            raise HubError(f"hub.token_block={spec.hub.token_block!r}: no Secret block of that name; create it "
+                           "with a Hugging Face token (Secret(value=...).save(name), or in the UI under "
+                           "Blocks)") from None
+    return access_for(spec, token)
+
+
+@dataclass(frozen=True)
+class HubSource:
+    """An hf:// source at the commit its revision points at now: the commit stands for its files."""
+
+    ref: HubRef
+    commit: str
+    access: HubAccess
+
+
 def list_sources(spec: PretrainSpec) -> list[tuple[DataSource, Any, list[RemoteObject]]]:
-    """Each source of the spec, its reader, and its objects as the store lists them now."""
+    """Each source of the spec, its reader, and its objects as the store lists them now (an
+    hf:// source: its commit, and no objects)."""
+    access = hub_access(spec) if any(is_hub_uri(s.uri) for s in spec.data.sources) else None
     listing = []
     for source in spec.data.sources:
+        if is_hub_uri(source.uri):
+            ref = parse_hub_uri(source.uri, "data.sources[].uri")
+            listing.append((source, HubSource(ref, resolve_commit(ref, access), access), []))
+            continue
         reader = reader_for(source)
         listing.append((source, reader, reader.list(source.uri)))
     return listing
 
 
 def fetch_key_inputs(listing: list[tuple[DataSource, Any, list[RemoteObject]]]) -> dict[str, Any]:
-    """What the fetched files are a function of: each source's objects as the store lists them."""
-    return {
-        "format": FETCH_FORMAT,
-        "sources": [
-            {"uri": src.uri, "decompress": src.decompress, "sha256": src.sha256,
-             "objects": [(o.uri, o.name, o.size, o.etag) for o in objects]}
-            for src, _, objects in listing
-        ],
-    }
+    """What the fetched files are a function of: each source's objects as the store lists them,
+    or a Hub source's commit and how it is read."""
+    sources = []
+    for src, reader, objects in listing:
+        entry = {"uri": src.uri, "decompress": src.decompress, "sha256": src.sha256,
+                 "objects": [(o.uri, o.name, o.size, o.etag) for o in objects]}
+        if isinstance(reader, HubSource):
+            # the commit stands for the revision: @main and the commit main points at are one key
+            entry |= {"uri": replace(reader.ref, revision=reader.commit).uri, "commit": reader.commit,
+                      "dataset": src.dataset.model_dump() if src.dataset else None}
+        sources.append(entry)
+    return {"format": FETCH_FORMAT, "sources": sources}
 
 
 def _output_name(source: DataSource, obj: RemoteObject) -> str:
@@ -107,6 +151,41 @@ def _fetch_one(reader, source: DataSource, obj: RemoteObject, staging: Path) -> 
     return {**record, "bytes_transferred": result.bytes_transferred, "resumed": False}
 
 
+def _claim(names: dict[str, str], name: str, uri: str) -> None:
+    """Refuse two sources that would write the same file."""
+    if names.setdefault(name, uri) != uri:
+        raise FetchError(f"{uri} and {names[name]} would both be written as {name!r}; "
+                         "fetch them in separate pipelines or rename one")
+
+
+def _fetch_hub(source: DataSource, hub: HubSource, staging: Path, names: dict[str, str]) -> list[dict[str, Any]]:
+    """An hf:// source's files into ``staging``, linked from huggingface_hub's cache; with
+    ``dataset:``, its split read with ``datasets`` and written as JSONL shards instead."""
+    started = time.monotonic()
+    folder = snapshot(hub.ref, hub.commit, hub.ref.patterns, hub.access)
+    pinned = replace(hub.ref, revision=hub.commit, patterns=()).uri
+    if source.dataset is not None:
+        files = write_jsonl_shards(hub.ref, folder, source.dataset.config, source.dataset.split, staging)["files"]
+        for name in files:
+            _claim(names, name, hub.ref.uri)
+        sources = {name: pinned for name in files}
+    else:
+        files = snapshot_files(folder)
+        for name in files:
+            _claim(names, name, hub.ref.uri)
+        link_files(folder, staging, files)
+        sources = {name: f"{pinned}/{name}" for name in files}
+        if source.decompress:
+            files = [decompress(staging / name).relative_to(staging).as_posix() if decompressed_name(name)
+                     else name for name in files]
+            sources = dict(zip(files, sources.values()))
+    seconds = round(time.monotonic() - started, 3)
+    # huggingface_hub's cache may have held some files already: bytes moved are not counted
+    return [{"file": name, "source": uri, "etag": hub.commit, "bytes": (staging / name).stat().st_size,
+             "output_bytes": (staging / name).stat().st_size, "seconds": seconds, "bytes_transferred": None,
+             "resumed": False} for name, uri in sources.items()]
+
+
 @task(name="fetch", retries=3, retry_delay_seconds=exponential_backoff(backoff_factor=5),
       retry_condition_fn=retryable)
 def fetch(spec: PretrainSpec, reuse_only: bool = False) -> str:
@@ -121,10 +200,7 @@ def fetch(spec: PretrainSpec, reuse_only: bool = False) -> str:
     names: dict[str, str] = {}
     for source, _, objects in listing:
         for obj in objects:
-            name = _output_name(source, obj)
-            if names.setdefault(name, obj.uri) != obj.uri:
-                raise FetchError(f"{obj.uri} and {names[name]} would both be written as {name!r}; "
-                                 "fetch them in separate pipelines or rename one")
+            _claim(names, _output_name(source, obj), obj.uri)
 
     cached = manifest.load_valid(final, key)
     if cached is not None:
@@ -139,13 +215,16 @@ def fetch(spec: PretrainSpec, reuse_only: bool = False) -> str:
 
     started = time.monotonic()
     with manifest.staged_output(final) as staging:
+        records = [record for source, reader, _ in listing if isinstance(reader, HubSource)
+                   for record in _fetch_hub(source, reader, staging, names)]
         jobs = [(reader, source, obj) for source, reader, objects in listing for obj in objects]
-        with ThreadPoolExecutor(min(FILE_WORKERS, len(jobs))) as pool:
-            records = list(pool.map(lambda job: _fetch_one(*job, staging), jobs))
+        if jobs:
+            with ThreadPoolExecutor(min(FILE_WORKERS, len(jobs))) as pool:
+                records += pool.map(lambda job: _fetch_one(*job, staging), jobs)
+            shutil.rmtree(staging / STATE_DIR)
         for record in records:
             logger.info("fetched %s: %d bytes in %.2f s", record["source"], record["bytes"],
                         record["seconds"])
-        shutil.rmtree(staging / STATE_DIR)
         total = sum(r["bytes"] for r in records)
         manifest.write_manifest(
             staging, "fetch", key_inputs,
@@ -167,3 +246,25 @@ def _publish(spec: PretrainSpec, rows: list[dict[str, Any]], final: Path, cached
         description=f"{len(rows)} files, {total / 1e6:.1f} MB in {final}"
         + (" (cached: nothing downloaded)" if cached else ""),
     )
+
+
+@task(name="fetch-hub-files", retries=3, retry_delay_seconds=exponential_backoff(backoff_factor=5),
+      retry_condition_fn=retryable)
+def fetch_hub_files(spec: PretrainSpec, reuse_only: bool = False) -> PretrainSpec:
+    """Download each hf:// field's files (only those the field needs); return the spec with the
+    fields pointing at them. ``reuse_only``: never download (fetch was left out of the run)."""
+    logger = get_run_logger()
+    access = hub_access(spec)
+    values, rows = {}, []
+    for field, ref in spec_references(spec).items():
+        patterns = download_patterns(field, ref)
+        directory, done, cached = fetch_files(ref, patterns, access, spec.paths.root, reuse_only)
+        values[field] = local_value(field, ref, str(directory))
+        logger.info("%s: %s at commit %s -> %s%s", field, ref.uri, done["commit"], values[field],
+                    " (cached)" if cached else "")
+        rows.append({"field": field, "uri": ref.uri, "commit": done["commit"], "files": len(done["files"]),
+                     "bytes": sum(f["bytes"] for f in done["files"].values()), "cached": cached,
+                     "path": values[field]})
+    create_table_artifact(rows, key=artifact_key(spec.name, "hub"),
+                          description="Hugging Face Hub files of the spec, by commit")
+    return with_local_values(spec, values)

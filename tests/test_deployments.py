@@ -247,8 +247,13 @@ def test_llama3_70b_dry_run_publishes_every_rendered_file(worker):
     # the deployment is the runbook's continual pre-training: convert the HF weights, start from them
     assert "resume_from_checkpoint: <convert-output>/" in config and "weight_init_only: true" in config
     convert = artifacts["llama3-70b-render-convert"].data
-    assert ("hf-to-nxdt --input /fsx/Meta-Llama-3-70B --output '<convert-output>' --tp 32 --pp 8 --kv-multiplier 4 "
-            "--hw-backend trn1 --fuse-qkv --verify") in convert
+    assert ("hf-to-nxdt --input '<hub-output:model.init_from>' --output '<convert-output>' --tp 32 --pp 8 "
+            "--kv-multiplier 4 --hw-backend trn1 --fuse-qkv --verify") in convert
+    # the weights, tokenizer and config.json come from the Hub, keyed by commit at run time
+    downloads = artifacts["llama3-70b-render-hub-downloads"].data
+    assert "model.init_from: model meta-llama/Meta-Llama-3-70B @ main" in downloads
+    assert "Secret block 'huggingface-token'" in downloads
+    assert "model_config: <hub-output:backend.neuron.hf_config>/config.json" in config
     assert "#SBATCH --nodes=16" in artifacts["llama3-70b-render-sbatch-train"].data
     assert "no such block yet" in artifacts["llama3-70b-render-sbatch-train"].description
     assert {"llama3-70b-render-precompile", "llama3-70b-render-torchrun", "llama3-70b-render-train-env",

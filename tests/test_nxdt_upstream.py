@@ -13,6 +13,7 @@ import yaml
 from omegaconf import OmegaConf
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError
 
+from pretrain.hub_refs import spec_references, with_local_values
 from pretrain.presets import load_spec
 from render.nxdt import config_yaml, nxdt_config, precompile_command
 
@@ -22,6 +23,7 @@ ASSETS = Path(__file__).parent / "assets" / "nxdt"
 DOCS = Path(__file__).parents[1] / "docs" / "nxdt-upstream.md"
 GPT_DATA = "/home/ubuntu/examples_datasets/gpt2/my-gpt2_text_document"
 LLAMA_DATA = "/home/ubuntu/examples_datasets/wikicorpus_llama3_tokenized_8k"
+LLAMA_CONFIG = "/home/ubuntu/config.json"
 PRESETS = {  # preset: the example it follows, the example's dataset
     "megatron-gpt-6.7b": ("megatron_gpt_config", GPT_DATA),
     "gpt3-6.7b-trn1-16node": ("megatron_gpt_config", GPT_DATA),
@@ -95,7 +97,12 @@ ABSENT = "absent"  # a key one side does not set, as the docs' tables write it
 
 
 def rendered_text(preset: str) -> str:
-    return config_yaml(nxdt_config(load_spec(preset), PRESETS[preset][1]))
+    """The conf as a run renders it, its own paths in the examples' places: the dataset, and the
+    config.json that fetch brings from the Hub where the tutorial wgets it."""
+    spec = load_spec(preset)
+    if "backend.neuron.hf_config" in spec_references(spec):
+        spec = with_local_values(spec, {"backend.neuron.hf_config": LLAMA_CONFIG})
+    return config_yaml(nxdt_config(spec, PRESETS[preset][1]))
 
 
 def leaves(node: dict, prefix: str = "") -> dict:

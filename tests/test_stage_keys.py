@@ -115,3 +115,28 @@ def test_convert_key_moves_with_the_checkpoint_and_the_layout_only(tmp_path):
     assert convert_key("backend.neuron.instance_type=trn2", "backend.neuron.lnc=2") != base  # trn2 places K/V otherwise
     (source / "model.safetensors").write_bytes((source / "model.safetensors").read_bytes()[:-4] + b"\1\2\3\4")
     assert convert_key() != base  # another training's weights
+
+
+def test_fetch_key_of_an_hf_source_is_its_commit(tmp_path):
+    """The revision is resolved to its commit: a moving main moves the key, a pinned commit keeps
+    it, and main and the commit it points at are the same key."""
+    from hub_server import LocalHub
+
+    server = LocalHub()
+    try:
+        repo = server.repo("dataset", "org/corpus")
+        first = repo.commit({"a.jsonl": (ASSETS / "corpus.jsonl").read_bytes()})
+        hub = [f"hub.endpoint={server.endpoint}", f"hub.cache_dir={tmp_path}"]
+
+        def fetch_key(uri: str, *extra: str) -> str:
+            spec = load_spec("tiny-local", [*hub, f"data.sources=[{{uri: '{uri}'}}]", *extra])
+            return key(fetch_key_inputs(list_sources(spec)))
+
+        main, pinned = fetch_key("hf://datasets/org/corpus"), fetch_key(f"hf://datasets/org/corpus@{first}")
+        assert main == pinned == fetch_key("hf://datasets/org/corpus", *TRAINING_ONLY)
+        assert fetch_key("hf://datasets/org/corpus/*.jsonl") != main  # other files asked for
+        repo.commit({"a.jsonl": b'{"text": "another corpus"}\n'})
+        assert fetch_key("hf://datasets/org/corpus") != main
+        assert fetch_key(f"hf://datasets/org/corpus@{first}") == pinned
+    finally:
+        server.close()
