@@ -24,7 +24,8 @@ from pretrain.spec import ImageSpec
 # mounted on the overlay root filesystem; cgroupfs and the file events backend, because podman's
 # defaults (the systemd cgroup manager, journald) need a running systemd
 # (containers/podman docs/source/markdown/podman.1.md). A build without RUN steps starts no
-# container, so no OCI runtime setting is needed. A GPU cluster's build node wants overlay on
+# container, so no OCI runtime setting is needed. podman refuses a --runroot longer than 50
+# characters ("the specified runroot is longer than 50 characters"). A GPU cluster's build node wants overlay on
 # its local disk instead: `engine_flags: [--root, /opt/dlami/nvme/containers]`.
 SANDBOX_PODMAN_FLAGS = ("--storage-driver", "vfs", "--cgroup-manager", "cgroupfs", "--events-backend", "file")
 

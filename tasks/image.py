@@ -117,13 +117,15 @@ def _build(spec: PretrainSpec, image: ImageSpec, tag: str, staging: Path, key_in
     context, record_path = staging / "context", staging.with_name(staging.name + ".record.json")
     _assemble_context(context, image, key_inputs, project)
     record_path.unlink(missing_ok=True)
-    script = build_script(image, tag, str(context), str(staging / SQUASHFS), str(record_path))
+    # A file, not `bash -c TEXT`: a failure's message then names it instead of quoting it whole.
+    script = staging.with_name(staging.name + ".build_image.sh")
+    script.write_text(build_script(image, tag, str(context), str(staging / SQUASHFS), str(record_path)))
     cluster = cluster_for(spec)
     if not isinstance(cluster, SlurmCluster):
         raise ImageBuildFailed(f"backend.megatron_lm.image: cluster.block={spec.cluster.block} runs on Kubernetes, "
                                "whose pods cannot start a pyxis squashfs; name the pods' image in the "
                                "KubernetesCluster block and set backend.megatron_lm.image to null")
-    request = stage_request(spec, f"{spec.name}-image", Command(["bash", "-c", script]), nodes=1,
+    request = stage_request(spec, f"{spec.name}-image", Command(["bash", str(script)]), nodes=1,
                             gpus_per_node=None, time_limit_min=BUILD_TIME_LIMIT_MIN)
     try:
         run_job(request, cluster, job_folder(spec, cluster))
@@ -134,6 +136,7 @@ def _build(spec: PretrainSpec, image: ImageSpec, tag: str, staging: Path, key_in
         raise
     record = json.loads(record_path.read_text())
     record_path.unlink()
+    script.unlink()
     shutil.rmtree(context)
     return manifest.write_manifest(staging, "image", key_inputs, tag=tag, **record)
 
