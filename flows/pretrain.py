@@ -9,7 +9,8 @@
 3. convert: for continual pre-training on Trainium, the HF checkpoint to NxDT's shards.
 4. precompile: fill the compile cache on the nodes training will use (torch.compile warm-up on
    the native backend, neuron_parallel_compile on the neuron backend).
-5. train: torchrun on N nodes (the native trainer, NxDT's training orchestrator or Megatron-LM's
+5. image (Megatron-LM): build the training image on a node and import it to a squashfs for pyxis.
+6. train: torchrun on N nodes (the native trainer, NxDT's training orchestrator or Megatron-LM's
    pretrain_gpt.py), resumed from its newest checkpoint after any failure; the loss curve and
    the run summary are published as artifacts.
 """
@@ -29,6 +30,7 @@ from pretrain.presets import load_spec
 from pretrain.spec import PretrainSpec
 from tasks.convert import convert
 from tasks.fetch import fetch, fetch_hub_files
+from tasks.image import build_image
 from tasks.precompile import precompile_native, precompile_neuron
 from tasks.preflight import preflight
 from tasks.dry_run import publish_rendered
@@ -39,7 +41,7 @@ from tasks.train_artifacts import publish_run_summary
 from tasks.train_megatron import train_megatron
 from tasks.train_nxdt import train_nxdt
 
-Stage = Literal["fetch", "tokenize", "convert", "precompile", "train"]
+Stage = Literal["fetch", "tokenize", "convert", "precompile", "image", "train"]
 STAGES: tuple[str, ...] = get_args(Stage)
 
 
@@ -96,8 +98,13 @@ def run_stages(spec: PretrainSpec, stages: list[str] | None = None,
             nodes = outputs["precompile"]["nodes"]
         if "train" in selected:
             outputs["train"] = stage("train", train, spec, dataset, data_dir, nodelist=nodes)
-    elif spec.backend.kind == "megatron-lm" and "train" in selected:
-        outputs["train"] = stage("train", train_megatron, spec, dataset)
+    elif spec.backend.kind == "megatron-lm":
+        image = None
+        if spec.backend.megatron_lm and spec.backend.megatron_lm.image and selected & {"image", "train"}:
+            image = stage("image", build_image, spec, reuse_only="image" not in selected)
+            outputs["image"] = image
+        if "train" in selected:
+            outputs["train"] = stage("train", train_megatron, spec, dataset, image)
     return outputs, stage.seconds
 
 
@@ -111,7 +118,7 @@ def pretrain(preset: str = "tiny-local", overrides: list[str] | None = None, sta
             path of a spec YAML file on the machine the flow runs on.
         overrides: Spec fields to change, one `key=value` each, e.g. `training.train_steps=100`
             or `cluster.block=trn1-cluster`.
-        stages: The stages to run, of fetch, tokenize, convert, precompile and train; empty runs
+        stages: The stages to run, of fetch, tokenize, convert, precompile, image and train; empty runs
             every stage that applies. A stage left out hands on its existing output.
         cluster_block: Name of the SlurmCluster block with the site's settings (partition,
             account, setup lines); empty: the spec's `cluster.block`, else Slurm's defaults.

@@ -36,6 +36,14 @@ def file_sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
+def tree_digest(path: Path) -> str:
+    """sha256 over a file's content, or over a directory's files by relative path and content."""
+    if path.is_file():
+        return file_sha256(path)
+    files = sorted(p for p in path.rglob("*") if p.is_file())
+    return stable_hash([(p.relative_to(path).as_posix(), file_sha256(p)) for p in files])
+
+
 def sampled_digest(path: Path, samples: int = 16, chunk: int = 64 << 10) -> str:
     """sha256 of ``samples`` chunks spread evenly over the file, first and last included: for
     content too large to read whole on every run (a 140 GB checkpoint). Two trainings of one

@@ -326,11 +326,65 @@ class NeuronSpec(Restarts):
         return self
 
 
+# A commit names the same tree for ever; a tag or branch can move under an unchanged spec, and
+# the image stage's key (the rendered Containerfile) would not see it.
+_COMMIT_HEX = 40
+
+
+class ImageSpec(Strict):
+    """The training image the image stage builds on a node (podman or docker) and imports to a
+    squashfs for pyxis/enroot (render/image.py renders its Containerfile)."""
+
+    base: str = Field(description="FROM: the base image, e.g. the runbooks' NGC PyTorch "
+                      "nvcr.io/nvidia/pytorch:24.09-py3, or scratch.")
+    megatron_lm_repository: str = Field("https://github.com/NVIDIA/Megatron-LM.git",
+                                        description="Git URL Megatron-LM is cloned from.")
+    megatron_lm_commit: str | None = Field(None, description="The 40-hex commit of Megatron-LM checked out at "
+                                           "/workspace/Megatron-LM (core_v0.16.1 is "
+                                           "55ac7082517c3878ae653c07c09c534b8aed49f6); None clones nothing "
+                                           "(a base that has it already).")
+    install_project: bool = Field(True, description="Install this project (its source at the running version) "
+                                  "and submitit into the image: the job layer runs its Python inside the container.")
+    pip: list[str] = Field(default_factory=list, description="Extra pip packages, each pinned (name==version).")
+    env: dict[str, str] = Field(default_factory=dict, description="ENV of the image, e.g. NCCL/EFA settings.")
+    copy_files: dict[str, str] = Field(default_factory=dict, description="Files or directories put into the image, "
+                                       "'/absolute/destination': 'path on the machine the flow runs on'.")
+    engine_flags: list[str] = Field(default_factory=list, description="Global flags of podman (or docker) on the "
+                                    "build node, e.g. --root on its local NVMe; render/image.py "
+                                    "SANDBOX_PODMAN_FLAGS lists those a machine without systemd needs.")
+
+    @field_validator("megatron_lm_commit")
+    @classmethod
+    def _commit(cls, value: str | None) -> str | None:
+        if value is not None and (len(value) != _COMMIT_HEX or any(c not in "0123456789abcdef" for c in value)):
+            raise ValueError(f"backend.megatron_lm.image.megatron_lm_commit={value!r}: give the full 40-hex commit "
+                             "(git rev-parse core_v0.16.1^{commit}); a tag or branch can move under an unchanged key")
+        return value
+
+    @field_validator("pip")
+    @classmethod
+    def _pinned(cls, value: list[str]) -> list[str]:
+        if loose := [req for req in value if "==" not in req and "@" not in req]:
+            raise ValueError(f"backend.megatron_lm.image.pip={loose}: pin each package (name==version, or "
+                             "name @ URL): an unpinned one changes the image under an unchanged key")
+        return value
+
+    @field_validator("copy_files")
+    @classmethod
+    def _absolute(cls, value: dict[str, str]) -> dict[str, str]:
+        if relative := [dst for dst in value if not dst.startswith("/")]:
+            raise ValueError(f"backend.megatron_lm.image.copy_files: destinations {relative} must be absolute "
+                             "paths in the image, e.g. /opt/site/nccl.conf")
+        return value
+
+
 class MegatronLMSpec(Restarts):
     hang_timeout_min: float = Field(30.0, gt=0, description="Cancel and resubmit a run whose iteration lines "
                                     "have not advanced for this long (the first run builds the dataset's index first).")
     container_image: str | None = Field(None, description="pyxis/enroot image with Megatron-LM at "
-                                        "/workspace/Megatron-LM, at the release `version` names.")
+                                        "/workspace/Megatron-LM, at the release `version` names; exclusive with image.")
+    image: ImageSpec | None = Field(None, description="Build the training image (the image stage) and train in its "
+                                    ".sqsh instead of naming container_image.")
     # The release the launch has run with (benchmarks/megatron_lm_gpu.py): NVIDIA/Megatron-LM tag
     # core_v0.16.1 (commit 55ac7082517c3878ae653c07c09c534b8aed49f6), the megatron-core that
     # pyproject pins. docs/render.md lists the releases whose parser the arguments were checked with.
@@ -347,6 +401,14 @@ class MegatronLMSpec(Restarts):
     extra_args: list[str] = Field(default_factory=list, description="pretrain_gpt.py arguments the spec has no "
                                   "field for, appended verbatim (e.g. --transformer-impl local where the image "
                                   "has no Transformer Engine).")
+
+    @model_validator(mode="after")
+    def _one_image(self) -> MegatronLMSpec:
+        if self.image is not None and self.container_image:
+            raise ValueError(f"backend.megatron_lm.container_image={self.container_image!r} and "
+                             "backend.megatron_lm.image are both set: keep image (the image stage builds it) or "
+                             "container_image (an image built elsewhere), not both")
+        return self
 
     @field_validator("version")
     @classmethod

@@ -99,10 +99,16 @@ def node_command(spec: PretrainSpec, dataset: str, run: Path) -> Command:
                    env=environment())
 
 
-def in_container(cluster: SlurmCluster, spec: PretrainSpec) -> SlurmCluster:
-    """``cluster`` running its srun steps in the spec's pyxis image, when the spec names one."""
+def in_container(cluster: SlurmCluster, spec: PretrainSpec, image: str | None = None) -> SlurmCluster:
+    """``cluster`` running its srun steps in a pyxis image: ``image``, the image stage's squashfs,
+    or else the ``container_image`` the spec names; unchanged without either."""
     settings = spec.backend.megatron_lm
-    if settings is None or not settings.container_image:
+    container = image or (settings.container_image if settings else None)
+    if not container:
         return cluster
-    return cluster.model_copy(update={"container_image": settings.container_image,
-                                      "container_mounts": settings.container_mounts})
+    update: dict = {"container_image": container, "container_mounts": settings.container_mounts}
+    if image and settings.image and settings.image.install_project:
+        # srun starts submitit's Python inside the container: the image's, which has submitit
+        # and this project (render/image.py), not the head node's interpreter path.
+        update["python"] = "python"
+    return cluster.model_copy(update=update)

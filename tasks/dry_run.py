@@ -20,7 +20,7 @@ from jobs.node import Command
 from jobs.slurm import MissingClusterBlock, job_folder, load_cluster_block, slurm_parameters, stage_request
 from pretrain.hub_refs import with_local_values
 from pretrain.spec import PretrainSpec
-from render import kubernetes, megatron_lm, native, nxdt
+from render import image, kubernetes, megatron_lm, native, nxdt
 from render.convert_command import convert_command
 from render.hub_downloads import hub_downloads, hub_placeholders
 from render.dataset_files import arrow_output, tokenizer_paths
@@ -35,6 +35,7 @@ from trainer.run_layout import checkpoint_dir
 FETCHED, DATASET, CONVERTED = "<fetch-output>", "<tokenize-output>", "<convert-output>"
 TRAIN_RUN = "<train-run>"
 PRECOMPILE_DIR = "<precompile-dir>"
+IMAGE_DIR = "<image-output>"
 
 
 def _shell(argv: list[str]) -> str:
@@ -130,14 +131,23 @@ def render_files(spec: PretrainSpec, cluster: SlurmCluster | KubernetesCluster |
         files["torchrun.sh"] = _shell(native.torchrun_command(spec, f"{TRAIN_RUN}/train.json",
                                                               f"{TRAIN_RUN}/record.json"))
     elif spec.backend.kind == "megatron-lm":
+        built = spec.backend.megatron_lm and spec.backend.megatron_lm.image
+        if built:
+            files["Containerfile"] = image.installed_containerfile(built)
+            files["build_image.sh"] = image.build_script(
+                built, image.image_tag(spec.name, "<key>"), f"{IMAGE_DIR}/context", f"{IMAGE_DIR}/{image.SQUASHFS}",
+                f"{IMAGE_DIR}/record.json")
         files["train_env.sh"] = _exports(megatron_lm.environment())
         files["torchrun.sh"] = _shell(megatron_lm.torchrun_command(spec, f"{DATASET}/data_text_document",
                                                                 str(checkpoint_dir(TRAIN_RUN))))
-        cluster = in_container(cluster, spec)
+        cluster = in_container(cluster, spec, f"{IMAGE_DIR}/{image.SQUASHFS}" if built else None)
     # One batch script per job the run submits, shaped as the tasks shape them.
     files["sbatch_tokenize.sh"] = _sbatch(spec, site, "tokenize-<i>-of-<n>", nodes=1, gpus_per_node=None)
     if "convert.sh" in files:
         files["sbatch_convert.sh"] = _sbatch(spec, site, f"{spec.name}-convert", nodes=1, gpus_per_node=None)
+    if "build_image.sh" in files:
+        files["sbatch_image.sh"] = _sbatch(spec, site, f"{spec.name}-image", nodes=1, gpus_per_node=None,
+                                           time_limit_min=image.BUILD_TIME_LIMIT_MIN)
     if spec.backend.kind == "neuron" or (spec.backend.kind == "native" and spec.backend.native.compile):
         files["sbatch_precompile.sh"] = _sbatch(spec, site, f"{spec.name}-precompile")
     stop_signal = spec.backend.native.stop_signal_delay_s if spec.backend.kind == "native" else 0

@@ -1,6 +1,7 @@
 """train (megatron-lm backend): Megatron-LM's ``pretrain_gpt.py`` under torchrun on every node, as
 the GPT-3 runbooks launch it (ParallelCluster, HyperPod, EKS), with the arguments rendered from
-the spec (render/megatron_lm.py) and, when the spec names one, in its pyxis container.
+the spec (render/megatron_lm.py) and in its pyxis container: the image stage's squashfs, or the
+image the spec names.
 
 ``--save`` and ``--load`` name the same directory, ``<run>/checkpoints``, so a resubmitted job
 resumes from Megatron's own newest checkpoint (``latest_checkpointed_iteration.txt``). Each
@@ -27,12 +28,13 @@ from trainer.run_layout import checkpoint_dir
 
 @task(name="train", retries=1, retry_delay_seconds=10, retry_condition_fn=retryable)
 @ends_cancelled
-def train_megatron(spec: PretrainSpec, dataset: str) -> dict[str, Any]:
-    """Train with Megatron-LM until ``training.train_steps`` (or ``train_samples``)."""
+def train_megatron(spec: PretrainSpec, dataset: str, image: str | None = None) -> dict[str, Any]:
+    """Train with Megatron-LM until ``training.train_steps`` (or ``train_samples``), in ``image``
+    (the image stage's squashfs) when given."""
     settings = spec.backend.megatron_lm or MegatronLMSpec()
     run = run_dir(spec, dataset)
     run.mkdir(parents=True, exist_ok=True)
-    cluster = in_container(cluster_for(spec), spec)
+    cluster = in_container(cluster_for(spec), spec, image)
     command = node_command(spec, dataset, run)
     follower = MetricsFollower(spec, run / f"node-{spec.cluster.nodes - 1}.log", spec.training.train_steps or 0,
                                settings.hang_timeout_min * 60)

@@ -216,7 +216,8 @@ def test_deploy_registers_a_deployment_per_preset_with_a_form_and_the_nightly_sc
             assert deployment.work_pool_name == POOL and deployment.parameters["preset"] == preset
         form = deployment.parameter_openapi_schema["properties"]
         assert {"preset", "overrides", "stages", "cluster_block", "init_from", "dry_run"} <= set(form)
-        assert form["stages"]["anyOf"][0]["items"]["enum"] == ["fetch", "tokenize", "convert", "precompile", "train"]
+        assert form["stages"]["anyOf"][0]["items"]["enum"] == ["fetch", "tokenize", "convert", "precompile", "image",
+                                                                    "train"]
         assert form["dry_run"]["type"] == "boolean" and "rendered" in form["dry_run"]["description"]
 
         nightly = client.read_deployment_by_name("nightly-benchmark/tiny-local")

@@ -81,11 +81,17 @@ def test_torchrun_in_the_pyxis_container():
     spec = load_spec("gpt3-7.5b-gpu")
     line = torchrun_command(spec, "/d", "/c")
     assert line[:3] == ["torchrun", "--nproc_per_node", "8"] and "$NODE_RANK" in line
-    cluster = in_container(SlurmCluster(executor="slurm"), spec)
+    # the image stage's squashfs, submitit started by the image's Python
+    cluster = in_container(SlurmCluster(executor="slurm"), spec, "/fsx/pretrain/image/image-k/image.sqsh")
     assert slurm_parameters(cluster, JobRequest("t", Command(["true"]), time_limit_min=5))["srun_args"] == [
-        "--container-image=nvcr.io/nvidia/pytorch:24.09-py3", "--container-mounts=/fsx:/fsx"]
+        "--container-image=/fsx/pretrain/image/image-k/image.sqsh", "--container-mounts=/fsx:/fsx"]
+    assert cluster.python == "python"
+    # or an image built elsewhere, named in the spec
+    named = load_spec("gpt3-7.5b-gpu", ["backend.megatron_lm.image=null",
+                                         "backend.megatron_lm.container_image=nvcr.io/nvidia/pytorch:24.09-py3"])
+    assert in_container(SlurmCluster(executor="slurm"), named).container_image == "nvcr.io/nvidia/pytorch:24.09-py3"
     files = render_files(spec)
-    assert "--container-image=nvcr.io/nvidia/pytorch:24.09-py3" in files["sbatch_train.sh"]
+    assert "--container-image=<image-output>/image.sqsh" in files["sbatch_train.sh"]
     # The GPUs training needs are asked for (a GPU-scheduling cluster shows a job none otherwise);
     # the tokenizer asks for none, and a site's own gres setting takes the place of the request.
     assert "#SBATCH --gpus-per-node=8" in files["sbatch_train.sh"]

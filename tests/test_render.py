@@ -63,7 +63,8 @@ def test_flow_dry_run_publishes_rendered_files_and_submits_nothing(tmp_path):
         artifacts = client.read_artifacts(artifact_filter=ArtifactFilter(
             flow_run_id=ArtifactFilterFlowRunId(any_=[state.state_details.flow_run_id])))
     by_key = {a.key: a.data for a in artifacts if a.key}
-    assert "--container-image=nvcr.io/nvidia/pytorch:24.09-py3" in by_key["gpt3-7-5b-gpu-render-sbatch-train"]
+    assert "--container-image=<image-output>/image.sqsh" in by_key["gpt3-7-5b-gpu-render-sbatch-train"]
+    assert "FROM nvcr.io/nvidia/pytorch:24.09-py3" in by_key["gpt3-7-5b-gpu-render-containerfile"]
     assert "--global-batch-size 288" in by_key["gpt3-7-5b-gpu-render-torchrun"]
     assert not (tmp_path / "fetch").exists() and not (tmp_path / "jobs").exists()
 
