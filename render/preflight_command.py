@@ -17,5 +17,7 @@ def preflight_command(spec: PretrainSpec, record: str) -> list[str]:
     if backend.kind == "neuron":
         return argv + ["--examples-dir", backend.neuron.examples_dir]
     if backend.kind == "megatron-lm":
-        return argv + ["--megatron-path", str(Path(PRETRAIN_GPT).parent)]
+        # An image the image stage builds does not exist yet when the probe runs; Megatron-LM is
+        # in it by construction (render/image.py).
+        return argv if backend.megatron_lm.image else argv + ["--megatron-path", str(Path(PRETRAIN_GPT).parent)]
     return argv + ["--device", backend.native.device]

@@ -240,3 +240,24 @@ def test_preflight_refuses_more_nodes_than_the_partition_has_before_queueing(loc
     assert isinstance(state.result(raise_on_failure=False), PreflightFailed)
     assert "nothing was queued" in state.message and "cluster.nodes=4: lower it" in state.message
     assert not (tmp_path / "jobs").exists()
+
+
+@pytest.mark.pure
+def test_the_megatron_probe_checks_the_checkout_only_where_no_image_stage_builds_it(tmp_path):
+    from render.preflight_command import preflight_command
+    from trainer import preflight as node_probe
+
+    record = str(tmp_path / "probe.json")
+    built = load_spec("gpt3-7.5b-gpu", [f"paths.root={tmp_path}"])
+    assert built.backend.megatron_lm.image is not None  # the preset builds its image after the probe
+    argv = preflight_command(built, record)
+    assert "--megatron-path" not in argv
+    args = node_probe.parse_args(argv[argv.index("preflight") + 1:])
+    assert [c["check"] for c in node_probe.megatron_checks(args)] == ["nvidia-smi"]
+
+    named = load_spec("gpt3-7.5b-gpu", [f"paths.root={tmp_path}", "backend.megatron_lm.image=null",
+                                        "backend.megatron_lm.container_image=nvcr.io/nvidia/pytorch:24.09-py3"])
+    argv = preflight_command(named, record)
+    args = node_probe.parse_args(argv[argv.index("preflight") + 1:])
+    assert args.megatron_path == "/workspace/Megatron-LM"
+    assert [c["check"] for c in node_probe.megatron_checks(args)] == ["nvidia-smi", "Megatron-LM"]

@@ -72,6 +72,8 @@ def megatron_checks(args: argparse.Namespace) -> list[dict]:
         gpus = check("nvidia-smi", out.returncode == 0 and count >= args.devices, f"{count} GPU(s) visible to the job",
                      fix if out.returncode else f"cluster.devices_per_node={args.devices}: lower it, or use nodes "
                      "with that many GPUs")
+    if args.megatron_path is None:  # the image stage builds it into the image, after this probe
+        return [gpus]
     return [gpus, path_check("Megatron-LM", Path(args.megatron_path) / "pretrain_gpt.py",
                              "use an image with Megatron-LM at that path (backend.megatron_lm.container_image)")]
 
@@ -103,13 +105,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--backend", required=True, choices=sorted(CHECKS))
     p.add_argument("--devices", type=int, required=True, help="devices (ranks) per node the job will use")
     p.add_argument("--examples-dir", help="neuron: NxDT's examples/ directory")
-    p.add_argument("--megatron-path", help="megatron-lm: the Megatron-LM checkout")
+    p.add_argument("--megatron-path", help="megatron-lm: the Megatron-LM checkout (left out where the image "
+                   "stage builds it into the training image)")
     p.add_argument("--device", default="auto", help="native: the trainer's device (auto, cpu, cuda, neuron)")
     p.add_argument("--record", help="also write the record to this file")
     args = p.parse_args(argv)
-    needed = {"neuron": "examples_dir", "megatron-lm": "megatron_path"}.get(args.backend)
-    if needed and getattr(args, needed) is None:
-        p.error(f"--backend {args.backend} needs --{needed.replace('_', '-')}")
+    if args.backend == "neuron" and args.examples_dir is None:
+        p.error("--backend neuron needs --examples-dir")
     return args
 
 
