@@ -63,6 +63,9 @@ class KubernetesCluster(Block):
     kubeconfig_context: str | None = Field(
         None, description="Context of ~/.kube/config to use; None: the in-cluster service account when "
         "the flow runs in a pod (a Kubernetes work pool), else the current context.")
+    api_server: str | None = Field(
+        None, description="URL of an API server this process reaches without credentials of its own, "
+        "e.g. `kubectl proxy`'s http://127.0.0.1:8001; None: the in-cluster service account or the kubeconfig.")
     image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"
     priority_class: str | None = Field(None, description="priorityClassName of the pods.")
 

@@ -121,6 +121,10 @@ def job_outcome(status: dict[str, Any], pods: list[PodOutcome]) -> PodOutcome:
     return PodOutcome("FAILED", "", text)
 
 
+# A job gone while followed: deleted by hand (`kubectl delete`), or by an operator.
+DELETED = PodOutcome("CANCELLED", "", "the job was deleted")
+
+
 class PodLogs:
     """The lines of a job's pods' logs, each pod's log read once, in order, as it grows: one
     thread per pod reads the API's follow stream and hands on what arrives."""
@@ -177,19 +181,34 @@ class SubmittedJob:
         return f"{self.namespace}/{self.name}"
 
 
+def api_configuration(cluster: KubernetesCluster) -> Any:
+    """Where the API server is and how to authenticate: the block's ``api_server`` as it is, else
+    the pod's service account when the flow itself runs in a pod (a Kubernetes work pool), else
+    the block's kubeconfig context. A configuration of its own, never the client's global default,
+    so two blocks can name two clusters in one process."""
+    from kubernetes import client, config
+
+    configuration = client.Configuration()
+    if cluster.api_server:
+        configuration.host = cluster.api_server
+        return configuration
+    try:
+        config.load_incluster_config(client_configuration=configuration)
+    except config.ConfigException:
+        config.load_kube_config(context=cluster.kubeconfig_context, client_configuration=configuration)
+    return configuration
+
+
 class KubernetesApi:
-    """The three API groups the job layer uses, built from the block's kubeconfig context, or the
-    pod's service account when the flow itself runs in a pod (a Kubernetes work pool)."""
+    """The three API groups the job layer uses, on one client of the block's cluster."""
 
     def __init__(self, cluster: KubernetesCluster):
-        from kubernetes import client, config
+        from kubernetes import client
 
-        try:
-            config.load_incluster_config()
-        except config.ConfigException:
-            config.load_kube_config(context=cluster.kubeconfig_context)
-        self.core, self.batch, self.custom = client.CoreV1Api(), client.BatchV1Api(), client.CustomObjectsApi()
-        self.serialize = client.ApiClient().sanitize_for_serialization
+        api_client = client.ApiClient(api_configuration(cluster))
+        self.core, self.batch = client.CoreV1Api(api_client), client.BatchV1Api(api_client)
+        self.custom = client.CustomObjectsApi(api_client)
+        self.serialize = api_client.sanitize_for_serialization
 
 
 def manifest_for(request: JobRequest, target: KubernetesTarget, commands: list[Command], stage: str,
@@ -231,30 +250,40 @@ def submit(api: KubernetesApi, body: dict[str, Any]) -> SubmittedJob:
     return SubmittedJob(body["kind"], meta["name"], meta["namespace"])
 
 
-def cancel(api: KubernetesApi, job: SubmittedJob) -> None:
-    """Delete the job and, before it is gone, its pods (foreground propagation), so a cancelled
-    training job's ranks are stopped before anything resubmits beside them."""
-    from kubernetes.client import V1DeleteOptions
+def _unless_gone(call: Callable[[], Any]) -> Any:
+    """``call()``, or None when its object is gone (404): deleted, by this layer or by hand."""
     from kubernetes.client.exceptions import ApiException
 
-    options = V1DeleteOptions(propagation_policy="Foreground")
     try:
-        if job.kind == "PyTorchJob":
-            api.custom.delete_namespaced_custom_object(KUBEFLOW_GROUP, KUBEFLOW_VERSION, job.namespace, PYTORCHJOBS,
-                                                       job.name, body=options)
-        else:
-            api.batch.delete_namespaced_job(job.name, job.namespace, body=options)
+        return call()
     except ApiException as exc:
-        if exc.status != 404:  # already gone is what was asked
+        if exc.status != 404:
             raise
+        return None
 
 
-def _status(api: KubernetesApi, job: SubmittedJob) -> dict[str, Any]:
+def cancel(api: KubernetesApi, job: SubmittedJob) -> None:
+    """Delete the job and, before it is gone, its pods (foreground propagation), so a cancelled
+    training job's ranks are stopped before anything resubmits beside them. A job already gone
+    is what was asked."""
+    from kubernetes.client import V1DeleteOptions
+
+    options = V1DeleteOptions(propagation_policy="Foreground")
     if job.kind == "PyTorchJob":
-        obj = api.custom.get_namespaced_custom_object_status(KUBEFLOW_GROUP, KUBEFLOW_VERSION, job.namespace,
-                                                            PYTORCHJOBS, job.name)
-        return obj.get("status") or {}
-    return api.serialize(api.batch.read_namespaced_job_status(job.name, job.namespace).status) or {}
+        _unless_gone(lambda: api.custom.delete_namespaced_custom_object(
+            KUBEFLOW_GROUP, KUBEFLOW_VERSION, job.namespace, PYTORCHJOBS, job.name, body=options))
+    else:
+        _unless_gone(lambda: api.batch.delete_namespaced_job(job.name, job.namespace, body=options))
+
+
+def _status(api: KubernetesApi, job: SubmittedJob) -> dict[str, Any] | None:
+    """The job's status; None once it is gone."""
+    if job.kind == "PyTorchJob":
+        obj = _unless_gone(lambda: api.custom.get_namespaced_custom_object_status(
+            KUBEFLOW_GROUP, KUBEFLOW_VERSION, job.namespace, PYTORCHJOBS, job.name))
+        return None if obj is None else obj.get("status") or {}
+    obj = _unless_gone(lambda: api.batch.read_namespaced_job_status(job.name, job.namespace))
+    return None if obj is None else api.serialize(obj.status) or {}
 
 
 def _pods(api: KubernetesApi, job: SubmittedJob) -> list[tuple[str, PodOutcome]]:
@@ -283,7 +312,8 @@ def wait_all(api: KubernetesApi, jobs: list[SubmittedJob], names: list[str], pol
         for i in list(pending):
             job = jobs[i]
             pods = _pods(api, job)
-            outcome = job_outcome(_status(api, job), [p for _, p in pods])
+            status = _status(api, job)
+            outcome = DELETED if status is None else job_outcome(status, [p for _, p in pods])
             if outcome.state:
                 time.sleep(0.5)  # the log streams deliver the last lines as the pods end
             for pod, line in job.logs.read_new():
@@ -340,7 +370,7 @@ def run_array(requests: list[JobRequest], target: KubernetesTarget, poll_s: floa
         (outcome,) = wait_all(api, [job], [requests[0].name], poll_s, max_wait_s)
         # an index the job lists as failed failed; a job ended as a whole (deleted, past its
         # deadline) failed every index that had not finished
-        failed = (failed_indexes(_status(api, job)) or set(range(len(requests)))
+        failed = (failed_indexes(_status(api, job) or {}) or set(range(len(requests)))
                   if isinstance(outcome, SlurmJobFailed) else set())
     finally:
         cancel_if_running(api, job)
@@ -359,5 +389,6 @@ def failed_indexes(status: dict[str, Any]) -> set[int]:
 def cancel_if_running(api: KubernetesApi, job: SubmittedJob) -> None:
     """A job left by an exception (a cancelled flow, a crash) is deleted; a finished one is left
     to its ttlSecondsAfterFinished, so `kubectl logs` still shows it."""
-    if job_condition(_status(api, job)) is None:
+    status = _status(api, job)
+    if status is not None and job_condition(status) is None:
         cancel(api, job)

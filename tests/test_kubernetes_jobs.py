@@ -1,28 +1,25 @@
 """The Kubernetes job layer read against real recorded API objects (tests/assets/kubernetes/
 SOURCES.md names each one's source): how a job or pod ended, in the words the tasks understand,
-and a pod log that arrives in pieces."""
+and a pod log that arrives in pieces; then the layer's own calls, made by the official client
+against a local API server that answers with those objects (tests/kubernetes_api_server.py)."""
 
 from __future__ import annotations
 
-import json
 import sys
-from pathlib import Path
 
 import pytest
-import yaml
 
-from jobs.kubernetes import PodLogs, PodOutcome, _commands, failed_indexes, job_condition, job_outcome, pod_outcome
+from blocks.kubernetes import runbook_cluster
+from jobs.kubernetes import (KubernetesTarget, PodLogs, PodOutcome, _commands, failed_indexes, job_condition,
+                             job_outcome, pod_outcome, run_array, run_job)
 from jobs.node import Command
-from jobs.slurm import JobRequest
+from jobs.slurm import JobRequest, SlurmJobFailed
+from pretrain.presets import load_spec
+from render.kubernetes import batch_job
+from tests.kubernetes_api_server import RECORDED, RecordedApiServer, RecordedPod, Replay, recorded
+from tests.kubernetes_schemas import invalid
 
 pytestmark = pytest.mark.pure
-
-RECORDED = Path(__file__).parent / "assets" / "kubernetes" / "recorded"
-
-
-def recorded(name: str):
-    text = (RECORDED / name).read_text()
-    return json.loads(text) if name.endswith(".json") else yaml.safe_load(text)
 
 
 def test_an_oom_killed_container_is_out_of_memory_with_its_exit_code():
@@ -100,47 +97,96 @@ def test_commands_run_the_images_python_not_the_flows():
         _commands([JobRequest("x", print, 10)])
 
 
-class RecordedCluster:
-    """Answers the job layer's calls with the recorded objects: a Job past its backoff limit whose
-    one pod was OOM-killed on ip-10-0-1-1, its log the runbook's getdata output. Only the answers
-    are stand-ins; the job layer's reading of them is the code under test."""
-
-    def __init__(self):
-        self.core, self.batch = self, self
-        self.deleted = []
-
-    def serialize(self, obj):
-        return obj
-
-    def read_namespaced_job_status(self, name, namespace):
-        return type("Job", (), {"status": recorded("job-status-backoff-limit-exceeded.json")})
-
-    def list_namespaced_pod(self, namespace, label_selector):
-        assert label_selector == "batch.kubernetes.io/job-name=getdata"
-        pod = type("Pod", (), {
-            "metadata": type("Meta", (), {"name": "getdata-x7k2p"}),
-            "spec": type("Spec", (), {"node_name": "ip-10-0-1-1"}),
-            "status": {"phase": "Failed", "containerStatuses": recorded("pod-container-statuses-oomkilled.yaml")}})
-        return type("PodList", (), {"items": [pod]})
-
-    def read_namespaced_pod_log(self, pod, namespace, container, follow, _preload_content):
-        data = (RECORDED / "getdata-job-logs.txt").read_bytes()
-        return type("Stream", (), {"stream": lambda self, decode_content: (data[i:i + 100] for i in range(0, len(data), 100))})()
-
-    def delete_namespaced_job(self, name, namespace, body):
-        self.deleted.append((name, body.propagation_policy))
+def target(server: RecordedApiServer, **settings) -> KubernetesTarget:
+    """The runbook's cluster, its API server the local one."""
+    cluster = runbook_cluster().model_copy(update={"image": "megatron-lm:0.16.1", "namespace": "training",
+                                                   "api_server": server.url, **settings})
+    return KubernetesTarget(cluster, load_spec("gpt3-7.5b-eks"))
 
 
-def test_a_followed_job_fails_with_the_pods_reason_node_and_log_tail():
-    from jobs.kubernetes import SubmittedJob, cancel, wait_all
-    from jobs.slurm import SlurmJobFailed
+GETDATA_LOG = (RECORDED / "getdata-job-logs.txt").read_text()
+OOM_KILLED = RecordedPod("ip-10-0-1-1", {"phase": "Failed",
+                                         "containerStatuses": recorded("pod-container-statuses-oomkilled.yaml")})
 
-    api = RecordedCluster()
-    job = SubmittedJob("Job", "getdata", "training")
-    (outcome,) = wait_all(api, [job], ["getdata"], poll_s=0.01)
-    assert isinstance(outcome, SlurmJobFailed)
+
+def test_a_job_that_ran_out_of_memory_fails_with_the_pods_reason_node_and_log_through_the_api():
+    """Created, followed (pods by the Job controller's label, each pod's log with follow=true)
+    and read to its end through the client's real routes; a finished job is left to its ttl."""
+    replay = Replay([recorded("job-status-running.json"), recorded("job-status-backoff-limit-exceeded.json")],
+                    [OOM_KILLED], GETDATA_LOG)
+    with RecordedApiServer([replay]) as server:
+        with pytest.raises(SlurmJobFailed) as failed:
+            job = target(server)
+            run_job(JobRequest("getdata", Command([sys.executable, "-m", "trainer", "fetch"]), 10), job, poll_s=0.01)
+    (body,) = server.created()
+    name = body["metadata"]["name"]
+    # what was rendered, every field through the client's V1Job model and back, the image's python
+    assert body == batch_job(job.cluster, job.spec, name, "getdata", Command(["python", "-m", "trainer", "fetch"]), 10)
+    assert invalid(body) == []
+    assert name.startswith("getdata-")
+    assert [r.query["labelSelector"] for r in server.sent("GET", "/pods$")][0] == [f"batch.kubernetes.io/job-name={name}"]
+    (log,) = server.sent("GET", "/log$")
+    assert log.path == f"/api/v1/namespaces/training/pods/{name}-0/log"
+    assert log.query == {"container": ["pytorch"], "follow": ["true"]}
+    outcome = failed.value
     assert (outcome.state, outcome.exit_code, outcome.nodes) == ("OUT_OF_MEMORY", "137", "ip-10-0-1-1")
-    assert outcome.log_tail[-1] == "Download completed."
-    assert "kubectl logs -n training -l batch.kubernetes.io/job-name=getdata" in str(outcome)
-    cancel(api, job)
-    assert api.deleted == [("getdata", "Foreground")]
+    assert outcome.log_tail == GETDATA_LOG.splitlines()[-30:]
+    assert f"kubectl logs -n training -l batch.kubernetes.io/job-name={name}" in str(outcome)
+    assert not server.sent("DELETE")
+
+
+def test_a_training_job_that_succeeded_is_a_pytorchjob_created_at_the_kubeflow_route():
+    # a Kubeflow v1 job's recorded status (the JobStatus PyTorchJob shares)
+    with RecordedApiServer([Replay([recorded("jaxjob-status-succeeded.yaml")])]) as server:
+        request = JobRequest("gpt-train", Command(["torchrun", "--nnodes", "$NNODES"]), 60, nodes=2, gpus_per_node=8)
+        assert run_job(request, target(server), poll_s=0.01) == [0, 0]
+    (create,) = server.sent("POST")
+    assert create.path == "/apis/kubeflow.org/v1/namespaces/training/pytorchjobs"
+    assert create.body["kind"] == "PyTorchJob" and invalid(create.body) == []
+    name = create.body["metadata"]["name"]
+    assert [r.path for r in server.sent("GET", "/status$")][0] == \
+        f"/apis/kubeflow.org/v1/namespaces/training/pytorchjobs/{name}/status"
+    assert [r.query["labelSelector"] for r in server.sent("GET", "/pods$")][0] == \
+        [f"training.kubeflow.org/job-name={name}"]
+
+
+def test_an_indexed_job_that_failed_as_a_whole_fails_every_index():
+    """tokenize's shards: one Indexed Job; without failedIndexes in its status (a Job past its
+    backoff limit) no index can be trusted."""
+    requests = [JobRequest(f"tokenize-{i}-of-2", Command(["python", "-m", "trainer", "tokenize", str(i)]), 10)
+                for i in range(2)]
+    replay = Replay([recorded("job-status-backoff-limit-exceeded.json")], [OOM_KILLED])
+    with RecordedApiServer([replay]) as server:
+        outcomes = run_array(requests, target(server), poll_s=0.01)
+    (body,) = server.created()
+    assert body["spec"]["completionMode"] == "Indexed" and body["spec"]["completions"] == 2 and invalid(body) == []
+    assert [o.state for o in outcomes] == ["OUT_OF_MEMORY", "OUT_OF_MEMORY"]
+
+
+def test_an_exception_while_following_deletes_the_job_with_foreground_propagation():
+    """A hung run (on_poll raises) leaves no job behind: the DELETE carries DeleteOptions with
+    propagationPolicy Foreground, so the pods are gone before the job is."""
+
+    class Hung(Exception):
+        pass
+
+    def hang() -> None:
+        raise Hung
+
+    with RecordedApiServer([Replay([recorded("job-status-running.json")], [OOM_KILLED])]) as server:
+        with pytest.raises(Hung):
+            run_job(JobRequest("getdata", Command(["true"]), 10), target(server), poll_s=0.01, on_poll=hang)
+    (delete,) = server.sent("DELETE")
+    name = server.created()[0]["metadata"]["name"]
+    assert delete.path == f"/apis/batch/v1/namespaces/training/jobs/{name}"
+    assert delete.body == {"propagationPolicy": "Foreground"}
+
+
+def test_a_job_past_the_wait_is_deleted_once_and_fails_cancelled():
+    """The deleted job is gone (404) when the layer looks at it again on its way out: that is
+    what was asked, not an error hiding the outcome."""
+    with RecordedApiServer([Replay([recorded("job-status-running.json")], [OOM_KILLED])]) as server:
+        with pytest.raises(SlurmJobFailed) as failed:
+            run_job(JobRequest("getdata", Command(["true"]), 10), target(server), poll_s=0.01, max_wait_s=0)
+    assert failed.value.state == "CANCELLED"
+    assert len(server.sent("DELETE")) == 1
