@@ -35,16 +35,22 @@ PYTORCHJOB_POD_LABEL = "training.kubeflow.org/job-name"
 # DisruptionTarget reasons (Kubernetes' pod disruption conditions) that say the pod was taken
 # away, not that its command failed.
 DISRUPTED = {"PreemptionByKubeScheduler", "PreemptionByScheduler", "TerminationByKubelet",
-             "DeletionByTaintManager", "EvictionByEvictionAPI", "DeletionByPodGC"}
+             "EvictionByEvictionAPI", "DeletionByPodGC"}
+# The node lifecycle controller evicts the pods of a node tainted NoExecute (not ready,
+# unreachable, or taken out of service): the node, not the pod, is suspect, as after Slurm's
+# NODE_FAIL, and the next attempt leaves it out.
+NODE_LOST = "DeletionByTaintManager"
 
 
 @dataclass(frozen=True)
 class KubernetesTarget:
     """Where a stage's jobs go on Kubernetes: the site's block and the run's spec (the image,
-    the labels and the node shape come from both)."""
+    the labels and the node shape come from both); ``nodelist``: run only on these nodes, as
+    SlurmCluster's (training after a precompile on them)."""
 
     cluster: KubernetesCluster
     spec: Any
+    nodelist: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -66,8 +72,9 @@ def pod_outcome(status: dict[str, Any], node: str = "") -> PodOutcome:
     """
     for condition in status.get("conditions") or []:
         if condition.get("type") == "DisruptionTarget" and condition.get("status") == "True" \
-                and condition.get("reason") in DISRUPTED:
-            return PodOutcome("PREEMPTED", "", f"{condition['reason']}: {condition.get('message', '')}".strip(), node)
+                and condition.get("reason") in DISRUPTED | {NODE_LOST}:
+            state = "NODE_FAIL" if condition["reason"] == NODE_LOST else "PREEMPTED"
+            return PodOutcome(state, "", f"{condition['reason']}: {condition.get('message', '')}".strip(), node)
     if status.get("reason") == "Evicted":
         return PodOutcome("PREEMPTED", "", f"Evicted: {status.get('message', '').strip()}", node)
     if status.get("reason") == "DeadlineExceeded":
@@ -105,7 +112,8 @@ def job_condition(status: dict[str, Any]) -> tuple[str, str] | None:
 
 def job_outcome(status: dict[str, Any], pods: list[PodOutcome]) -> PodOutcome:
     """How a whole job ended: its own condition says whether; its pods say why, the first pod
-    that ended badly speaking for the job, as the first failed task does for a Slurm job."""
+    that ended badly speaking for the job, as the first failed task does for a Slurm job, with
+    the nodes of the pods that ended as it did (those a NODE_FAIL names are left out next)."""
     finished = job_condition(status)
     if finished is None:
         return PodOutcome("")
@@ -115,7 +123,7 @@ def job_outcome(status: dict[str, Any], pods: list[PodOutcome]) -> PodOutcome:
     bad = [p for p in pods if p.state and p.state != "COMPLETED"]
     if bad:
         return PodOutcome(bad[0].state, bad[0].exit_code, "; ".join(filter(None, (bad[0].detail, text))),
-                          ",".join(sorted({p.node for p in bad if p.node})))
+                          ",".join(sorted({p.node for p in bad if p.node and p.state == bad[0].state})))
     if "DeadlineExceeded" in text:
         return PodOutcome("TIMEOUT", "", text)
     return PodOutcome("FAILED", "", text)
@@ -169,12 +177,21 @@ class PodLogs:
 
 @dataclass
 class SubmittedJob:
-    """A job created on the cluster: its kind and name, and what was read of its pods."""
+    """A job created on the cluster: its kind and name, the client it was created with, and what
+    the last poll read of its pods."""
 
     kind: str  # "Job" or "PyTorchJob"
     name: str
     namespace: str
+    api: KubernetesApi = field(repr=False)
     logs: PodLogs = field(default_factory=PodLogs)
+    nodes: list[str] = field(default_factory=list)  # of its pods, in their names' order
+    phases: dict[str, str] = field(default_factory=dict)  # of its pods, by name
+
+    @property
+    def running(self) -> bool:
+        """Whether it runs now: a pod of it has left the queue (the scheduler's, the kubelet's)."""
+        return "Running" in self.phases.values()
 
     @property
     def job_id(self) -> str:
@@ -211,11 +228,11 @@ class KubernetesApi:
         self.serialize = api_client.sanitize_for_serialization
 
 
-def manifest_for(request: JobRequest, target: KubernetesTarget, commands: list[Command], stage: str,
-                 nodes: tuple[str, ...] = ()) -> dict[str, Any]:
+def manifest_for(request: JobRequest, target: KubernetesTarget, commands: list[Command], stage: str) -> dict[str, Any]:
     """The object of ``request``: a PyTorchJob for a job on several nodes or with GPUs (training,
-    precompile), an Indexed Job for several commands (an array), else a Job."""
-    cluster, spec = target.cluster, target.spec
+    precompile), an Indexed Job for several commands (an array), else a Job; on the target's
+    nodes, if it names some, and never on those the request excludes."""
+    cluster, spec, nodes, exclude = target.cluster, target.spec, target.nodelist, request.exclude
     name = f"{manifests.object_name(request.name)[:manifests.MAX_NAME - 7]}-{uuid.uuid4().hex[:6]}"
     if request.tasks_per_node != 1:
         raise ValueError(f"{request.name}: a Kubernetes pod runs one command; tasks_per_node="
@@ -226,9 +243,9 @@ def manifest_for(request: JobRequest, target: KubernetesTarget, commands: list[C
     if request.nodes > 1 or request.gpus_per_node:
         restarts = spec.backend.megatron_lm.max_restarts if spec.backend.megatron_lm else 0
         return manifests.pytorch_job(cluster, spec, name, stage, commands[0], request.time_limit_min,
-                                     restarts, nodes)
+                                     restarts, nodes, exclude)
     return manifests.batch_job(cluster, spec, name, stage, commands[0], request.time_limit_min,
-                               request.cpus_per_task, request.mem_gb)
+                               request.cpus_per_task, request.mem_gb, nodes, exclude)
 
 
 def _commands(requests: list[JobRequest]) -> list[Command]:
@@ -247,7 +264,7 @@ def submit(api: KubernetesApi, body: dict[str, Any]) -> SubmittedJob:
         api.custom.create_namespaced_custom_object(KUBEFLOW_GROUP, KUBEFLOW_VERSION, meta["namespace"], PYTORCHJOBS, body)
     else:
         api.batch.create_namespaced_job(meta["namespace"], body)
-    return SubmittedJob(body["kind"], meta["name"], meta["namespace"])
+    return SubmittedJob(body["kind"], meta["name"], meta["namespace"], api)
 
 
 def _unless_gone(call: Callable[[], Any]) -> Any:
@@ -290,11 +307,15 @@ def _pods(api: KubernetesApi, job: SubmittedJob) -> list[tuple[str, PodOutcome]]
     label = PYTORCHJOB_POD_LABEL if job.kind == "PyTorchJob" else JOB_POD_LABEL
     pods = api.core.list_namespaced_pod(job.namespace, label_selector=f"{label}={job.name}").items
     seen = []
+    pods = sorted(pods, key=lambda pod: pod.metadata.name)
     for pod in pods:
         status = api.serialize(pod.status) or {}
         if status.get("phase") not in (None, "Pending"):
             job.logs.follow(api.core, job.namespace, pod.metadata.name)
         seen.append((pod.metadata.name, pod_outcome(status, pod.spec.node_name or "")))
+    job.phases = {pod.metadata.name: pod.status.phase or "Pending" for pod in pods}
+    # a pod deleted after the job ended takes its node with it: the nodes seen last stay
+    job.nodes = list(dict.fromkeys(pod.spec.node_name for pod in pods if pod.spec.node_name)) or job.nodes
     return seen
 
 
@@ -344,12 +365,15 @@ def wait_all(api: KubernetesApi, jobs: list[SubmittedJob], names: list[str], pol
 
 
 def run_job(request: JobRequest, target: KubernetesTarget, poll_s: float = 5.0, max_wait_s: float | None = None,
-            on_poll: Callable[[], None] | None = None, nodes: tuple[str, ...] = ()) -> list[int]:
+            on_poll: Callable[[], None] | None = None,
+            on_submit: Callable[[SubmittedJob], None] | None = None) -> list[int]:
     """Submit, follow and return one result per node (0, the exit code of a command that
     succeeded, as the Slurm layer's Command returns it); the job never outlives this call."""
     api = KubernetesApi(target.cluster)
-    job = submit(api, manifest_for(request, target, _commands([request]), request.name, nodes))
+    job = submit(api, manifest_for(request, target, _commands([request]), request.name))
     _logger().info("submitted %s as %s %s", request.name, job.kind, job.job_id)
+    if on_submit is not None:
+        on_submit(job)
     try:
         (outcome,) = wait_all(api, [job], [request.name], poll_s, max_wait_s, on_poll)
     finally:
@@ -392,3 +416,15 @@ def cancel_if_running(api: KubernetesApi, job: SubmittedJob) -> None:
     status = _status(api, job)
     if status is not None and job_condition(status) is None:
         cancel(api, job)
+
+
+def wait_gone(job: SubmittedJob, timeout_s: float, poll_s: float = 1.0) -> bool:
+    """Until no pod of the job is pending or running; False if one outlasts ``timeout_s``. A
+    deleted training job's ranks save a checkpoint on their way out (SIGTERM, then the grace
+    period): the next attempt must not start beside them."""
+    deadline = time.monotonic() + timeout_s
+    while _pods(job.api, job) and {"Pending", "Running"} & set(job.phases.values()):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(poll_s)
+    return True

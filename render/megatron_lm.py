@@ -15,6 +15,7 @@ from trainer.run_layout import checkpoint_dir
 
 if TYPE_CHECKING:  # a Prefect block; rendering only copies it
     from blocks.cluster import SlurmCluster
+    from jobs.kubernetes import KubernetesTarget
 
 MASTER_PORT = 29500
 PRETRAIN_GPT = "/workspace/Megatron-LM/pretrain_gpt.py"
@@ -99,10 +100,11 @@ def node_command(spec: PretrainSpec, dataset: str, run: Path) -> Command:
                    env=environment())
 
 
-def in_container(cluster: SlurmCluster, spec: PretrainSpec) -> SlurmCluster:
-    """``cluster`` running its srun steps in the spec's pyxis image, when the spec names one."""
+def in_container(cluster: SlurmCluster | KubernetesTarget, spec: PretrainSpec) -> SlurmCluster | KubernetesTarget:
+    """``cluster`` running its srun steps in the spec's pyxis image, when the spec names one; a
+    Kubernetes target, which has no srun steps, as it is: its pods run in their image already."""
     settings = spec.backend.megatron_lm
-    if settings is None or not settings.container_image:
+    if settings is None or not settings.container_image or not hasattr(cluster, "container_image"):
         return cluster
     return cluster.model_copy(update={"container_image": settings.container_image,
                                       "container_mounts": settings.container_mounts})

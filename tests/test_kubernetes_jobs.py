@@ -190,3 +190,44 @@ def test_a_job_past_the_wait_is_deleted_once_and_fails_cancelled():
             run_job(JobRequest("getdata", Command(["true"]), 10), target(server), poll_s=0.01, max_wait_s=0)
     assert failed.value.state == "CANCELLED"
     assert len(server.sent("DELETE")) == 1
+
+
+def test_training_runs_on_the_nodes_precompile_ran_on_and_leaves_out_a_lost_one(tmp_path):
+    """precompile's PyTorchJob ran on two nodes; training, pinned to them, loses one to a NoExecute
+    taint (NODE_FAIL), and the shared attempt loop resubmits it on the other node only, where it
+    succeeds."""
+    from jobs.executor import job_nodes, on_nodes
+    from tasks.attempts import MetricsFollower, run_attempts
+
+    done = recorded("jaxjob-status-succeeded.yaml")
+    # the pod disruption condition of Kubernetes' documentation (Pod disruption conditions): no
+    # recorded object of a taint manager eviction was found
+    lost = {"phase": "Failed", "conditions": [{**recorded("pod-condition-preempted.json"), "reason": "DeletionByTaintManager",
+                                               "message": "Taint manager: deleting due to NoExecute taint"}]}
+    failed = recorded("job-status-backoff-limit-exceeded.json")  # a Failed condition, as every Kubeflow job has
+    replays = [Replay([done], [RecordedPod("ip-10-0-1-1", {"phase": "Succeeded"}),
+                               RecordedPod("ip-10-0-1-2", {"phase": "Succeeded"})]),
+               Replay([failed], [RecordedPod("ip-10-0-1-1", lost), RecordedPod("ip-10-0-1-2", {"phase": "Failed"})]),
+               Replay([done], [RecordedPod("ip-10-0-1-2", {"phase": "Succeeded"})])]
+    with RecordedApiServer(replays) as server:
+        eks = target(server)
+        spec = eks.spec
+        precompile = []
+        run_job(JobRequest("gpt-precompile", Command(["torchrun"]), 10, nodes=2, gpus_per_node=8), eks,
+                poll_s=0.01, on_submit=precompile.append)
+        pinned = on_nodes(eks, job_nodes(precompile[0]))
+        follower = MetricsFollower(spec, tmp_path / "metrics.jsonl", 10, 600)
+        attempts = run_attempts(spec, pinned, follower, max_restarts=1, prepare=lambda attempt: JobRequest(
+            "gpt-train", Command(["torchrun"]), 60, nodes=2, gpus_per_node=8))
+    assert [a["outcome"].split(":")[0] for a in attempts.history] == ["NODE_FAIL", "completed"]
+    assert attempts.history[0]["nodes"] == "ip-10-0-1-1,ip-10-0-1-2" and attempts.excluded == {"ip-10-0-1-1"}
+
+    def node_terms(body):
+        pod = body["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]
+        term, = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+        return [(e["operator"], e["values"]) for e in term["matchExpressions"]]
+
+    _, first, second = server.created()
+    assert node_terms(first) == [("In", ["ip-10-0-1-1", "ip-10-0-1-2"])]
+    assert node_terms(second) == [("In", ["ip-10-0-1-2"]), ("NotIn", ["ip-10-0-1-1"])]
+    assert all(invalid(body) == [] for body in server.created())
