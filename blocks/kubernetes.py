@@ -66,6 +66,11 @@ class KubernetesCluster(Block):
     api_server: str | None = Field(
         None, description="URL of an API server this process reaches without credentials of its own, "
         "e.g. `kubectl proxy`'s http://127.0.0.1:8001; None: the in-cluster service account or the kubeconfig.")
+    lease_timeout_s: int = Field(
+        300, ge=0,
+        description="A job whose flow process has stopped following it for this long (its pod was killed, "
+        "its node lost) stops itself: every pod runs its command under a lease file on the shared volume "
+        "that the flow process renews, so the flow's pod must mount the claim at mount_path too; 0 never.")
     image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"
     priority_class: str | None = Field(None, description="priorityClassName of the pods.")
 

@@ -51,7 +51,8 @@ def cluster_for(spec: Any) -> Cluster:
 
 
 def job_folder(spec: Any, cluster: Cluster) -> Path:
-    """Where a Slurm job's scripts and logs go; a Kubernetes job keeps its own (``kubectl logs``)."""
+    """Where a Slurm job's scripts and logs go; a Kubernetes job's lease (its logs are the pods':
+    ``kubectl logs``)."""
     if isinstance(cluster, KubernetesTarget):
         return Path(spec.paths.root) / "jobs"
     return slurm.job_folder(spec, cluster)
@@ -61,14 +62,14 @@ def run_job(request: JobRequest, cluster: Cluster, folder: Path, poll_s: float =
             max_wait_s: float | None = None, on_poll: Callable[[], None] | None = None,
             on_submit: Callable[[Job], None] | None = None) -> list[Any]:
     if isinstance(cluster, KubernetesTarget):
-        return kubernetes.run_job(request, cluster, poll_s, max_wait_s, on_poll, on_submit)
+        return kubernetes.run_job(request, cluster, folder, poll_s, max_wait_s, on_poll, on_submit)
     return slurm.run_job(request, cluster, folder, poll_s, max_wait_s, on_submit=on_submit, on_poll=on_poll)
 
 
 def run_array(requests: list[JobRequest], cluster: Cluster, folder: Path,
               poll_s: float = 2.0, max_wait_s: float | None = None) -> list[list[Any] | SlurmJobFailed]:
     if isinstance(cluster, KubernetesTarget):
-        return kubernetes.run_array(requests, cluster, poll_s, max_wait_s)
+        return kubernetes.run_array(requests, cluster, folder, poll_s, max_wait_s)
     return slurm.run_array(requests, cluster, folder, poll_s, max_wait_s)
 
 

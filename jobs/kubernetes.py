@@ -15,6 +15,7 @@ from __future__ import annotations
 import queue
 import sys
 import threading
+from pathlib import Path
 import time
 import uuid
 from collections import deque
@@ -23,7 +24,7 @@ from typing import Any, Callable
 
 from blocks.kubernetes import KubernetesCluster
 from jobs.log_lines import LineSplitter
-from jobs.node import Command
+from jobs.node import LEASE, Command, renew_lease
 from jobs.slurm import LOG_TAIL_LINES, CancelWatch, FlowRunCancelled, JobRequest, SlurmJobFailed, _logger
 from render import kubernetes as manifests
 
@@ -185,6 +186,7 @@ class SubmittedJob:
     namespace: str
     api: KubernetesApi = field(repr=False)
     logs: PodLogs = field(default_factory=PodLogs)
+    lease: str | None = None  # the file its pods' lease watches (jobs/lease.py); None: no lease
     nodes: list[str] = field(default_factory=list)  # of its pods, in their names' order
     phases: dict[str, str] = field(default_factory=dict)  # of its pods, by name
 
@@ -228,12 +230,22 @@ class KubernetesApi:
         self.serialize = api_client.sanitize_for_serialization
 
 
-def manifest_for(request: JobRequest, target: KubernetesTarget, commands: list[Command], stage: str) -> dict[str, Any]:
+def job_name(request: JobRequest) -> str:
+    """A name of its own for each submission, from the request's."""
+    return f"{manifests.object_name(request.name)[:manifests.MAX_NAME - 7]}-{uuid.uuid4().hex[:6]}"
+
+
+def leased(commands: list[Command], lease: str, timeout_s: int) -> list[Command]:
+    """``commands`` run under the lease (jobs/lease.py), in the image's python."""
+    return [replace(c, argv=["python", "-m", "jobs.lease", lease, str(timeout_s), "--", *c.argv]) for c in commands]
+
+
+def manifest_for(request: JobRequest, target: KubernetesTarget, commands: list[Command], stage: str,
+                 name: str) -> dict[str, Any]:
     """The object of ``request``: a PyTorchJob for a job on several nodes or with GPUs (training,
     precompile), an Indexed Job for several commands (an array), else a Job; on the target's
     nodes, if it names some, and never on those the request excludes."""
     cluster, spec, nodes, exclude = target.cluster, target.spec, target.nodelist, request.exclude
-    name = f"{manifests.object_name(request.name)[:manifests.MAX_NAME - 7]}-{uuid.uuid4().hex[:6]}"
     if request.tasks_per_node != 1:
         raise ValueError(f"{request.name}: a Kubernetes pod runs one command; tasks_per_node="
                          f"{request.tasks_per_node} is for Slurm")
@@ -258,13 +270,23 @@ def _commands(requests: list[JobRequest]) -> list[Command]:
             for c in commands]  # type: ignore[union-attr]
 
 
-def submit(api: KubernetesApi, body: dict[str, Any]) -> SubmittedJob:
+def submit(api: KubernetesApi, requests: list[JobRequest], target: KubernetesTarget, folder: Path,
+           stage: str) -> SubmittedJob:
+    """Create the job of ``requests`` (one command each), its pods under a fresh lease in
+    ``folder``/NAME/ when the block asks for one."""
+    name, commands, lease = job_name(requests[0]), _commands(requests), None
+    if target.cluster.lease_timeout_s:
+        lease = Path(folder) / name / LEASE
+        lease.parent.mkdir(parents=True, exist_ok=True)
+        lease.touch()
+        commands = leased(commands, str(lease), target.cluster.lease_timeout_s)
+    body = manifest_for(requests[0], target, commands, stage, name)
     meta = body["metadata"]
     if body["kind"] == "PyTorchJob":
         api.custom.create_namespaced_custom_object(KUBEFLOW_GROUP, KUBEFLOW_VERSION, meta["namespace"], PYTORCHJOBS, body)
     else:
         api.batch.create_namespaced_job(meta["namespace"], body)
-    return SubmittedJob(body["kind"], meta["name"], meta["namespace"], api)
+    return SubmittedJob(body["kind"], meta["name"], meta["namespace"], api, lease=str(lease) if lease else None)
 
 
 def _unless_gone(call: Callable[[], Any]) -> Any:
@@ -358,19 +380,23 @@ def wait_all(api: KubernetesApi, jobs: list[SubmittedJob], names: list[str], pol
             logger.warning("the flow run is %s: deleted Kubernetes job(s) %s", state, ids)
             raise FlowRunCancelled(f"the flow run was cancelled ({state}); deleted Kubernetes job(s) {ids}")
         if pending:
+            for i in pending:
+                if jobs[i].lease:
+                    renew_lease(jobs[i].lease)
             if on_poll is not None:
                 on_poll()
             time.sleep(poll_s)
     return outcomes  # type: ignore[return-value]
 
 
-def run_job(request: JobRequest, target: KubernetesTarget, poll_s: float = 5.0, max_wait_s: float | None = None,
+def run_job(request: JobRequest, target: KubernetesTarget, folder: Path, poll_s: float = 5.0,
+            max_wait_s: float | None = None,
             on_poll: Callable[[], None] | None = None,
             on_submit: Callable[[SubmittedJob], None] | None = None) -> list[int]:
     """Submit, follow and return one result per node (0, the exit code of a command that
     succeeded, as the Slurm layer's Command returns it); the job never outlives this call."""
     api = KubernetesApi(target.cluster)
-    job = submit(api, manifest_for(request, target, _commands([request]), request.name))
+    job = submit(api, [request], target, folder, request.name)
     _logger().info("submitted %s as %s %s", request.name, job.kind, job.job_id)
     if on_submit is not None:
         on_submit(job)
@@ -383,12 +409,12 @@ def run_job(request: JobRequest, target: KubernetesTarget, poll_s: float = 5.0, 
     return [0] * request.nodes
 
 
-def run_array(requests: list[JobRequest], target: KubernetesTarget, poll_s: float = 5.0,
+def run_array(requests: list[JobRequest], target: KubernetesTarget, folder: Path, poll_s: float = 5.0,
               max_wait_s: float | None = None) -> list[list[int] | SlurmJobFailed]:
     """Same-shaped requests as one Indexed Job; every index's outcome (an index that failed is a
     :class:`SlurmJobFailed`, the others ``[0]``)."""
     api = KubernetesApi(target.cluster)
-    job = submit(api, manifest_for(requests[0], target, _commands(requests), requests[0].name.split("-")[0]))
+    job = submit(api, requests, target, folder, requests[0].name.split("-")[0])
     _logger().info("submitted %d x %s as Indexed Job %s", len(requests), requests[0].name, job.job_id)
     try:
         (outcome,) = wait_all(api, [job], [requests[0].name], poll_s, max_wait_s)

@@ -5,13 +5,16 @@ against a local API server that answers with those objects (tests/kubernetes_api
 
 from __future__ import annotations
 
+import subprocess
 import sys
+import time
+from pathlib import Path
 
 import pytest
 
 from blocks.kubernetes import runbook_cluster
 from jobs.kubernetes import (KubernetesTarget, PodLogs, PodOutcome, _commands, failed_indexes, job_condition,
-                             job_outcome, pod_outcome, run_array, run_job)
+                             job_outcome, leased, pod_outcome, run_array, run_job)
 from jobs.node import Command
 from jobs.slurm import JobRequest, SlurmJobFailed
 from pretrain.presets import load_spec
@@ -97,11 +100,13 @@ def test_commands_run_the_images_python_not_the_flows():
         _commands([JobRequest("x", print, 10)])
 
 
-def target(server: RecordedApiServer, **settings) -> KubernetesTarget:
-    """The runbook's cluster, its API server the local one."""
+def target(server: RecordedApiServer, volume: Path | None = None) -> KubernetesTarget:
+    """The runbook's cluster, its API server the local one; ``volume``: the shared volume's mount
+    path, and the spec's root there."""
+    settings = {"mount_path": str(volume)} if volume else {}
     cluster = runbook_cluster().model_copy(update={"image": "megatron-lm:0.16.1", "namespace": "training",
                                                    "api_server": server.url, **settings})
-    return KubernetesTarget(cluster, load_spec("gpt3-7.5b-eks"))
+    return KubernetesTarget(cluster, load_spec("gpt3-7.5b-eks", [f"paths.root={volume}/pretrain"] if volume else []))
 
 
 GETDATA_LOG = (RECORDED / "getdata-job-logs.txt").read_text()
@@ -109,7 +114,7 @@ OOM_KILLED = RecordedPod("ip-10-0-1-1", {"phase": "Failed",
                                          "containerStatuses": recorded("pod-container-statuses-oomkilled.yaml")})
 
 
-def test_a_job_that_ran_out_of_memory_fails_with_the_pods_reason_node_and_log_through_the_api():
+def test_a_job_that_ran_out_of_memory_fails_with_the_pods_reason_node_and_log_through_the_api(tmp_path):
     """Created, followed (pods by the Job controller's label, each pod's log with follow=true)
     and read to its end through the client's real routes; a finished job is left to its ttl."""
     replay = Replay([recorded("job-status-running.json"), recorded("job-status-backoff-limit-exceeded.json")],
@@ -117,11 +122,15 @@ def test_a_job_that_ran_out_of_memory_fails_with_the_pods_reason_node_and_log_th
     with RecordedApiServer([replay]) as server:
         with pytest.raises(SlurmJobFailed) as failed:
             job = target(server)
-            run_job(JobRequest("getdata", Command([sys.executable, "-m", "trainer", "fetch"]), 10), job, poll_s=0.01)
+            run_job(JobRequest("getdata", Command([sys.executable, "-m", "trainer", "fetch"]), 10), job, tmp_path, poll_s=0.01)
     (body,) = server.created()
     name = body["metadata"]["name"]
-    # what was rendered, every field through the client's V1Job model and back, the image's python
-    assert body == batch_job(job.cluster, job.spec, name, "getdata", Command(["python", "-m", "trainer", "fetch"]), 10)
+    # what was rendered, every field through the client's V1Job model and back: the command in the
+    # image's python, under the lease the flow renewed while it followed the job
+    lease = tmp_path / name / "lease"
+    (command,) = leased([Command(["python", "-m", "trainer", "fetch"])], str(lease), 300)
+    assert body == batch_job(job.cluster, job.spec, name, "getdata", command, 10)
+    assert lease.exists()
     assert invalid(body) == []
     assert name.startswith("getdata-")
     assert [r.query["labelSelector"] for r in server.sent("GET", "/pods$")][0] == [f"batch.kubernetes.io/job-name={name}"]
@@ -135,11 +144,11 @@ def test_a_job_that_ran_out_of_memory_fails_with_the_pods_reason_node_and_log_th
     assert not server.sent("DELETE")
 
 
-def test_a_training_job_that_succeeded_is_a_pytorchjob_created_at_the_kubeflow_route():
+def test_a_training_job_that_succeeded_is_a_pytorchjob_created_at_the_kubeflow_route(tmp_path):
     # a Kubeflow v1 job's recorded status (the JobStatus PyTorchJob shares)
     with RecordedApiServer([Replay([recorded("jaxjob-status-succeeded.yaml")])]) as server:
         request = JobRequest("gpt-train", Command(["torchrun", "--nnodes", "$NNODES"]), 60, nodes=2, gpus_per_node=8)
-        assert run_job(request, target(server), poll_s=0.01) == [0, 0]
+        assert run_job(request, target(server), tmp_path, poll_s=0.01) == [0, 0]
     (create,) = server.sent("POST")
     assert create.path == "/apis/kubeflow.org/v1/namespaces/training/pytorchjobs"
     assert create.body["kind"] == "PyTorchJob" and invalid(create.body) == []
@@ -150,20 +159,20 @@ def test_a_training_job_that_succeeded_is_a_pytorchjob_created_at_the_kubeflow_r
         [f"training.kubeflow.org/job-name={name}"]
 
 
-def test_an_indexed_job_that_failed_as_a_whole_fails_every_index():
+def test_an_indexed_job_that_failed_as_a_whole_fails_every_index(tmp_path):
     """tokenize's shards: one Indexed Job; without failedIndexes in its status (a Job past its
     backoff limit) no index can be trusted."""
     requests = [JobRequest(f"tokenize-{i}-of-2", Command(["python", "-m", "trainer", "tokenize", str(i)]), 10)
                 for i in range(2)]
     replay = Replay([recorded("job-status-backoff-limit-exceeded.json")], [OOM_KILLED])
     with RecordedApiServer([replay]) as server:
-        outcomes = run_array(requests, target(server), poll_s=0.01)
+        outcomes = run_array(requests, target(server), tmp_path, poll_s=0.01)
     (body,) = server.created()
     assert body["spec"]["completionMode"] == "Indexed" and body["spec"]["completions"] == 2 and invalid(body) == []
     assert [o.state for o in outcomes] == ["OUT_OF_MEMORY", "OUT_OF_MEMORY"]
 
 
-def test_an_exception_while_following_deletes_the_job_with_foreground_propagation():
+def test_an_exception_while_following_deletes_the_job_with_foreground_propagation(tmp_path):
     """A hung run (on_poll raises) leaves no job behind: the DELETE carries DeleteOptions with
     propagationPolicy Foreground, so the pods are gone before the job is."""
 
@@ -175,19 +184,19 @@ def test_an_exception_while_following_deletes_the_job_with_foreground_propagatio
 
     with RecordedApiServer([Replay([recorded("job-status-running.json")], [OOM_KILLED])]) as server:
         with pytest.raises(Hung):
-            run_job(JobRequest("getdata", Command(["true"]), 10), target(server), poll_s=0.01, on_poll=hang)
+            run_job(JobRequest("getdata", Command(["true"]), 10), target(server), tmp_path, poll_s=0.01, on_poll=hang)
     (delete,) = server.sent("DELETE")
     name = server.created()[0]["metadata"]["name"]
     assert delete.path == f"/apis/batch/v1/namespaces/training/jobs/{name}"
     assert delete.body == {"propagationPolicy": "Foreground"}
 
 
-def test_a_job_past_the_wait_is_deleted_once_and_fails_cancelled():
+def test_a_job_past_the_wait_is_deleted_once_and_fails_cancelled(tmp_path):
     """The deleted job is gone (404) when the layer looks at it again on its way out: that is
     what was asked, not an error hiding the outcome."""
     with RecordedApiServer([Replay([recorded("job-status-running.json")], [OOM_KILLED])]) as server:
         with pytest.raises(SlurmJobFailed) as failed:
-            run_job(JobRequest("getdata", Command(["true"]), 10), target(server), poll_s=0.01, max_wait_s=0)
+            run_job(JobRequest("getdata", Command(["true"]), 10), target(server), tmp_path, poll_s=0.01, max_wait_s=0)
     assert failed.value.state == "CANCELLED"
     assert len(server.sent("DELETE")) == 1
 
@@ -210,11 +219,11 @@ def test_training_runs_on_the_nodes_precompile_ran_on_and_leaves_out_a_lost_one(
                Replay([failed], [RecordedPod("ip-10-0-1-1", lost), RecordedPod("ip-10-0-1-2", {"phase": "Failed"})]),
                Replay([done], [RecordedPod("ip-10-0-1-2", {"phase": "Succeeded"})])]
     with RecordedApiServer(replays) as server:
-        eks = target(server)
+        eks = target(server, tmp_path)
         spec = eks.spec
         precompile = []
         run_job(JobRequest("gpt-precompile", Command(["torchrun"]), 10, nodes=2, gpus_per_node=8), eks,
-                poll_s=0.01, on_submit=precompile.append)
+                tmp_path, poll_s=0.01, on_submit=precompile.append)
         pinned = on_nodes(eks, job_nodes(precompile[0]))
         follower = MetricsFollower(spec, tmp_path / "metrics.jsonl", 10, 600)
         attempts = run_attempts(spec, pinned, follower, max_restarts=1, prepare=lambda attempt: JobRequest(
@@ -231,3 +240,17 @@ def test_training_runs_on_the_nodes_precompile_ran_on_and_leaves_out_a_lost_one(
     assert node_terms(first) == [("In", ["ip-10-0-1-1", "ip-10-0-1-2"])]
     assert node_terms(second) == [("In", ["ip-10-0-1-2"]), ("NotIn", ["ip-10-0-1-1"])]
     assert all(invalid(body) == [] for body in server.created())
+
+
+def test_a_pod_whose_lease_is_not_renewed_stops_its_program_and_fails(tmp_path):
+    """What every pod runs its command under (jobs/lease.py): nobody renews the lease, as when the
+    flow's pod was killed, and the program is stopped after the lease's time."""
+    lease = tmp_path / "lease"
+    lease.touch()
+    started = time.monotonic()
+    done = subprocess.run([sys.executable, "-m", "jobs.lease", str(lease), "2", "--", "sleep", "60"],
+                          capture_output=True, text=True, timeout=30)
+    assert done.returncode == 1 and time.monotonic() - started < 10
+    assert f"has not renewed {lease} for 2 s" in done.stdout
+    ok = subprocess.run([sys.executable, "-m", "jobs.lease", str(lease), "2", "--", "sh", "-c", "exit 3"])
+    assert ok.returncode == 3  # the program's own exit code while the lease holds
