@@ -25,7 +25,8 @@ from typing import Any, Callable
 from blocks.kubernetes import KubernetesCluster
 from jobs.log_lines import LineSplitter
 from jobs.node import LEASE, Command, renew_lease
-from jobs.slurm import LOG_TAIL_LINES, CancelWatch, FlowRunCancelled, JobRequest, SlurmJobFailed, _logger
+from jobs.slurm import (LOG_TAIL_LINES, CancelWatch, FlowRunCancelled, JobRequest, SlurmJobFailed, _exit_on_sigterm,
+                        _logger)
 from render import kubernetes as manifests
 
 KUBEFLOW_GROUP, KUBEFLOW_VERSION, PYTORCHJOBS = "kubeflow.org", "v1", "pytorchjobs"
@@ -282,6 +283,7 @@ def submit(api: KubernetesApi, requests: list[JobRequest], target: KubernetesTar
         commands = leased(commands, str(lease), target.cluster.lease_timeout_s)
     body = manifest_for(requests[0], target, commands, stage, name)
     meta = body["metadata"]
+    _exit_on_sigterm()  # a worker cancels a flow run with SIGTERM: unwind, so the job is deleted
     if body["kind"] == "PyTorchJob":
         api.custom.create_namespaced_custom_object(KUBEFLOW_GROUP, KUBEFLOW_VERSION, meta["namespace"], PYTORCHJOBS, body)
     else:

@@ -5,8 +5,11 @@ against a local API server that answers with those objects (tests/kubernetes_api
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -254,3 +257,30 @@ def test_a_pod_whose_lease_is_not_renewed_stops_its_program_and_fails(tmp_path):
     assert f"has not renewed {lease} for 2 s" in done.stdout
     ok = subprocess.run([sys.executable, "-m", "jobs.lease", str(lease), "2", "--", "sh", "-c", "exit 3"])
     assert ok.returncode == 3  # the program's own exit code while the lease holds
+
+
+def test_a_terminated_flow_process_deletes_its_job_within_a_second(tmp_path):
+    """How a cancelled flow run ends on Kubernetes: the worker deletes the flow's pod, and the
+    kubelet sends its process SIGTERM, then SIGKILL 30 s later (the pod's default grace period,
+    the issue's limit). The DELETE must arrive in between; it arrives at once, not at the next
+    poll (5 s here)."""
+    previous = signal.signal(signal.SIGTERM, signal.SIG_DFL)  # the layer installs its own, as in a flow process
+    signalled = []
+    try:
+        with RecordedApiServer([Replay([recorded("job-status-running.json")])]) as server:
+            def terminate_once_followed() -> None:
+                while not server.sent("GET", "/status$"):
+                    time.sleep(0.01)
+                signalled.append(time.monotonic())
+                os.kill(os.getpid(), signal.SIGTERM)
+
+            threading.Thread(target=terminate_once_followed, daemon=True).start()
+            with pytest.raises(SystemExit):
+                run_job(JobRequest("gpt-train", Command(["torchrun"]), 60, nodes=2, gpus_per_node=8), target(server),
+                        tmp_path, poll_s=5.0)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    (delete,) = server.sent("DELETE")
+    assert delete.path.startswith("/apis/kubeflow.org/v1/namespaces/training/pytorchjobs/")
+    assert delete.body == {"propagationPolicy": "Foreground"}
+    assert delete.at - signalled[0] < 1.0
