@@ -63,6 +63,14 @@ class KubernetesCluster(Block):
     kubeconfig_context: str | None = Field(
         None, description="Context of ~/.kube/config to use; None: the in-cluster service account when "
         "the flow runs in a pod (a Kubernetes work pool), else the current context.")
+    api_server: str | None = Field(
+        None, description="URL of an API server this process reaches without credentials of its own, "
+        "e.g. `kubectl proxy`'s http://127.0.0.1:8001; None: the in-cluster service account or the kubeconfig.")
+    lease_timeout_s: int = Field(
+        300, ge=0,
+        description="A job whose flow process has stopped following it for this long (its pod was killed, "
+        "its node lost) stops itself: every pod runs its command under a lease file on the shared volume "
+        "that the flow process renews, so the flow's pod must mount the claim at mount_path too; 0 never.")
     image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"
     priority_class: str | None = Field(None, description="priorityClassName of the pods.")
 

@@ -1,17 +1,28 @@
 """Which job layer runs a stage's jobs, chosen by the cluster block the spec names: a
 SlurmCluster (or none) submits to Slurm or the local executor, a KubernetesCluster to
-Kubernetes. The tasks call these; nothing else in them knows which."""
+Kubernetes. The tasks call these, with the cluster and the job handles these return; nothing
+else in them knows which."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
+
+import submitit
 
 from blocks.cluster import SlurmCluster
 from blocks.kubernetes import KubernetesCluster
 from jobs import kubernetes, slurm
-from jobs.kubernetes import KubernetesTarget
+from jobs.nodes import expand_nodes, unhealthy_nodes
+from jobs.kubernetes import KubernetesTarget, SubmittedJob
 from jobs.slurm import JobRequest, MissingClusterBlock, SlurmJobFailed
+
+Cluster = SlurmCluster | KubernetesTarget
+Job = submitit.Job | SubmittedJob
+# Outcomes after which the nodes, not the program, are suspect: Slurm's, which the Kubernetes
+# layer also gives a pod evicted from a node tainted out of service.
+NODE_STATES = {"NODE_FAIL", "BOOT_FAIL"}
 
 # Prefect's own way of naming a block document of a given type, `Block.load("slug/name")`.
 KUBERNETES_PREFIX = "kubernetes-cluster/"
@@ -26,7 +37,7 @@ def load_kubernetes_block(name: str) -> KubernetesCluster:
             f"server ({exc}); create it with KubernetesCluster(...).save({name!r})") from None
 
 
-def cluster_for(spec: Any) -> SlurmCluster | KubernetesTarget:
+def cluster_for(spec: Any) -> Cluster:
     """The spec's cluster: ``cluster.block: kubernetes-cluster/NAME`` runs the stages on Kubernetes,
     any other name (or none) on Slurm, as before."""
     block = spec.cluster.block or ""
@@ -40,22 +51,70 @@ def cluster_for(spec: Any) -> SlurmCluster | KubernetesTarget:
     return target
 
 
-def job_folder(spec: Any, cluster: SlurmCluster | KubernetesTarget) -> Path:
-    """Where a Slurm job's scripts and logs go; a Kubernetes job keeps its own (``kubectl logs``)."""
+def job_folder(spec: Any, cluster: Cluster) -> Path:
+    """Where a Slurm job's scripts and logs go; a Kubernetes job's lease (its logs are the pods':
+    ``kubectl logs``)."""
     if isinstance(cluster, KubernetesTarget):
         return Path(spec.paths.root) / "jobs"
     return slurm.job_folder(spec, cluster)
 
 
-def run_job(request: JobRequest, cluster: SlurmCluster | KubernetesTarget, folder: Path, poll_s: float = 2.0,
-            max_wait_s: float | None = None, on_poll: Callable[[], None] | None = None) -> list[Any]:
+def run_job(request: JobRequest, cluster: Cluster, folder: Path, poll_s: float = 2.0,
+            max_wait_s: float | None = None, on_poll: Callable[[], None] | None = None,
+            on_submit: Callable[[Job], None] | None = None) -> list[Any]:
     if isinstance(cluster, KubernetesTarget):
-        return kubernetes.run_job(request, cluster, poll_s, max_wait_s, on_poll)
-    return slurm.run_job(request, cluster, folder, poll_s, max_wait_s, on_poll=on_poll)
+        return kubernetes.run_job(request, cluster, folder, poll_s, max_wait_s, on_poll, on_submit)
+    return slurm.run_job(request, cluster, folder, poll_s, max_wait_s, on_submit=on_submit, on_poll=on_poll)
 
 
-def run_array(requests: list[JobRequest], cluster: SlurmCluster | KubernetesTarget, folder: Path,
+def run_array(requests: list[JobRequest], cluster: Cluster, folder: Path,
               poll_s: float = 2.0, max_wait_s: float | None = None) -> list[list[Any] | SlurmJobFailed]:
     if isinstance(cluster, KubernetesTarget):
-        return kubernetes.run_array(requests, cluster, poll_s, max_wait_s)
+        return kubernetes.run_array(requests, cluster, folder, poll_s, max_wait_s)
     return slurm.run_array(requests, cluster, folder, poll_s, max_wait_s)
+
+
+def on_nodes(cluster: Cluster, nodes: Iterable[str]) -> Cluster:
+    """``cluster`` running its jobs only on ``nodes``, as the scheduler names them (Slurm's
+    --nodelist; node affinity on Kubernetes): training on the nodes precompile warmed."""
+    if isinstance(cluster, KubernetesTarget):
+        return dataclasses.replace(cluster, nodelist=tuple(nodes))
+    return cluster.model_copy(update={"nodelist": list(nodes)})
+
+
+def job_running(job: Job) -> bool:
+    """Whether the job runs now: not waiting in the queue, first or again after a requeue."""
+    return job.running if isinstance(job, SubmittedJob) else slurm.job_running(job)
+
+
+def wait_gone(job: Job, timeout_s: float) -> bool:
+    """Until the job's processes have exited; False if they outlast ``timeout_s``."""
+    return kubernetes.wait_gone(job, timeout_s) if isinstance(job, SubmittedJob) else slurm.wait_gone(job, timeout_s)
+
+
+def job_nodes(job: Job) -> list[str]:
+    """The nodes the job ran on, as the scheduler names them; none for a local-executor job."""
+    if isinstance(job, SubmittedJob):
+        return job.nodes
+    if isinstance(job, submitit.LocalJob):
+        return []
+    record = slurm.query_slurm_state(job.job_id)
+    return expand_nodes(record.nodes) if record else []
+
+
+def failure_nodes(failure: SlurmJobFailed, cluster: Cluster) -> list[str]:
+    """The nodes a failure names, one by one (Slurm compresses them: ``node-[1-4]``)."""
+    if isinstance(cluster, KubernetesTarget):
+        return [node for node in failure.nodes.split(",") if node]
+    return expand_nodes(failure.nodes)
+
+
+def excluded_after(failure: SlurmJobFailed, cluster: Cluster) -> set[str]:
+    """Nodes to leave out of the next submission after a node failure. On Slurm, the job's nodes
+    that Slurm now holds unhealthy: the others did nothing wrong, and leaving all of a many-node
+    job's nodes out could leave too few to schedule the retry on. On Kubernetes, the nodes whose
+    pods were evicted for a NoExecute taint (not ready, unreachable, out of service)."""
+    if failure.state not in NODE_STATES:
+        return set()
+    nodes = failure_nodes(failure, cluster)
+    return set(nodes) if isinstance(cluster, KubernetesTarget) else unhealthy_nodes(nodes)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import queue
 import sys
 import threading
+from pathlib import Path
 import time
 import uuid
 from collections import deque
@@ -23,8 +24,9 @@ from typing import Any, Callable
 
 from blocks.kubernetes import KubernetesCluster
 from jobs.log_lines import LineSplitter
-from jobs.node import Command
-from jobs.slurm import LOG_TAIL_LINES, CancelWatch, FlowRunCancelled, JobRequest, SlurmJobFailed, _logger
+from jobs.node import LEASE, Command, renew_lease
+from jobs.slurm import (LOG_TAIL_LINES, CancelWatch, FlowRunCancelled, JobRequest, SlurmJobFailed, _exit_on_sigterm,
+                        _logger)
 from render import kubernetes as manifests
 
 KUBEFLOW_GROUP, KUBEFLOW_VERSION, PYTORCHJOBS = "kubeflow.org", "v1", "pytorchjobs"
@@ -35,16 +37,22 @@ PYTORCHJOB_POD_LABEL = "training.kubeflow.org/job-name"
 # DisruptionTarget reasons (Kubernetes' pod disruption conditions) that say the pod was taken
 # away, not that its command failed.
 DISRUPTED = {"PreemptionByKubeScheduler", "PreemptionByScheduler", "TerminationByKubelet",
-             "DeletionByTaintManager", "EvictionByEvictionAPI", "DeletionByPodGC"}
+             "EvictionByEvictionAPI", "DeletionByPodGC"}
+# The node lifecycle controller evicts the pods of a node tainted NoExecute (not ready,
+# unreachable, or taken out of service): the node, not the pod, is suspect, as after Slurm's
+# NODE_FAIL, and the next attempt leaves it out.
+NODE_LOST = "DeletionByTaintManager"
 
 
 @dataclass(frozen=True)
 class KubernetesTarget:
     """Where a stage's jobs go on Kubernetes: the site's block and the run's spec (the image,
-    the labels and the node shape come from both)."""
+    the labels and the node shape come from both); ``nodelist``: run only on these nodes, as
+    SlurmCluster's (training after a precompile on them)."""
 
     cluster: KubernetesCluster
     spec: Any
+    nodelist: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -66,8 +74,9 @@ def pod_outcome(status: dict[str, Any], node: str = "") -> PodOutcome:
     """
     for condition in status.get("conditions") or []:
         if condition.get("type") == "DisruptionTarget" and condition.get("status") == "True" \
-                and condition.get("reason") in DISRUPTED:
-            return PodOutcome("PREEMPTED", "", f"{condition['reason']}: {condition.get('message', '')}".strip(), node)
+                and condition.get("reason") in DISRUPTED | {NODE_LOST}:
+            state = "NODE_FAIL" if condition["reason"] == NODE_LOST else "PREEMPTED"
+            return PodOutcome(state, "", f"{condition['reason']}: {condition.get('message', '')}".strip(), node)
     if status.get("reason") == "Evicted":
         return PodOutcome("PREEMPTED", "", f"Evicted: {status.get('message', '').strip()}", node)
     if status.get("reason") == "DeadlineExceeded":
@@ -105,7 +114,8 @@ def job_condition(status: dict[str, Any]) -> tuple[str, str] | None:
 
 def job_outcome(status: dict[str, Any], pods: list[PodOutcome]) -> PodOutcome:
     """How a whole job ended: its own condition says whether; its pods say why, the first pod
-    that ended badly speaking for the job, as the first failed task does for a Slurm job."""
+    that ended badly speaking for the job, as the first failed task does for a Slurm job, with
+    the nodes of the pods that ended as it did (those a NODE_FAIL names are left out next)."""
     finished = job_condition(status)
     if finished is None:
         return PodOutcome("")
@@ -115,10 +125,14 @@ def job_outcome(status: dict[str, Any], pods: list[PodOutcome]) -> PodOutcome:
     bad = [p for p in pods if p.state and p.state != "COMPLETED"]
     if bad:
         return PodOutcome(bad[0].state, bad[0].exit_code, "; ".join(filter(None, (bad[0].detail, text))),
-                          ",".join(sorted({p.node for p in bad if p.node})))
+                          ",".join(sorted({p.node for p in bad if p.node and p.state == bad[0].state})))
     if "DeadlineExceeded" in text:
         return PodOutcome("TIMEOUT", "", text)
     return PodOutcome("FAILED", "", text)
+
+
+# A job gone while followed: deleted by hand (`kubectl delete`), or by an operator.
+DELETED = PodOutcome("CANCELLED", "", "the job was deleted")
 
 
 class PodLogs:
@@ -165,39 +179,74 @@ class PodLogs:
 
 @dataclass
 class SubmittedJob:
-    """A job created on the cluster: its kind and name, and what was read of its pods."""
+    """A job created on the cluster: its kind and name, the client it was created with, and what
+    the last poll read of its pods."""
 
     kind: str  # "Job" or "PyTorchJob"
     name: str
     namespace: str
+    api: KubernetesApi = field(repr=False)
     logs: PodLogs = field(default_factory=PodLogs)
+    lease: str | None = None  # the file its pods' lease watches (jobs/lease.py); None: no lease
+    nodes: list[str] = field(default_factory=list)  # of its pods, in their names' order
+    phases: dict[str, str] = field(default_factory=dict)  # of its pods, by name
+
+    @property
+    def running(self) -> bool:
+        """Whether it runs now: a pod of it has left the queue (the scheduler's, the kubelet's)."""
+        return "Running" in self.phases.values()
 
     @property
     def job_id(self) -> str:
         return f"{self.namespace}/{self.name}"
 
 
+def api_configuration(cluster: KubernetesCluster) -> Any:
+    """Where the API server is and how to authenticate: the block's ``api_server`` as it is, else
+    the pod's service account when the flow itself runs in a pod (a Kubernetes work pool), else
+    the block's kubeconfig context. A configuration of its own, never the client's global default,
+    so two blocks can name two clusters in one process."""
+    from kubernetes import client, config
+
+    configuration = client.Configuration()
+    if cluster.api_server:
+        configuration.host = cluster.api_server
+        return configuration
+    try:
+        config.load_incluster_config(client_configuration=configuration)
+    except config.ConfigException:
+        config.load_kube_config(context=cluster.kubeconfig_context, client_configuration=configuration)
+    return configuration
+
+
 class KubernetesApi:
-    """The three API groups the job layer uses, built from the block's kubeconfig context, or the
-    pod's service account when the flow itself runs in a pod (a Kubernetes work pool)."""
+    """The three API groups the job layer uses, on one client of the block's cluster."""
 
     def __init__(self, cluster: KubernetesCluster):
-        from kubernetes import client, config
+        from kubernetes import client
 
-        try:
-            config.load_incluster_config()
-        except config.ConfigException:
-            config.load_kube_config(context=cluster.kubeconfig_context)
-        self.core, self.batch, self.custom = client.CoreV1Api(), client.BatchV1Api(), client.CustomObjectsApi()
-        self.serialize = client.ApiClient().sanitize_for_serialization
+        api_client = client.ApiClient(api_configuration(cluster))
+        self.core, self.batch = client.CoreV1Api(api_client), client.BatchV1Api(api_client)
+        self.custom = client.CustomObjectsApi(api_client)
+        self.serialize = api_client.sanitize_for_serialization
+
+
+def job_name(request: JobRequest) -> str:
+    """A name of its own for each submission, from the request's."""
+    return f"{manifests.object_name(request.name)[:manifests.MAX_NAME - 7]}-{uuid.uuid4().hex[:6]}"
+
+
+def leased(commands: list[Command], lease: str, timeout_s: int) -> list[Command]:
+    """``commands`` run under the lease (jobs/lease.py), in the image's python."""
+    return [replace(c, argv=["python", "-m", "jobs.lease", lease, str(timeout_s), "--", *c.argv]) for c in commands]
 
 
 def manifest_for(request: JobRequest, target: KubernetesTarget, commands: list[Command], stage: str,
-                 nodes: tuple[str, ...] = ()) -> dict[str, Any]:
+                 name: str) -> dict[str, Any]:
     """The object of ``request``: a PyTorchJob for a job on several nodes or with GPUs (training,
-    precompile), an Indexed Job for several commands (an array), else a Job."""
-    cluster, spec = target.cluster, target.spec
-    name = f"{manifests.object_name(request.name)[:manifests.MAX_NAME - 7]}-{uuid.uuid4().hex[:6]}"
+    precompile), an Indexed Job for several commands (an array), else a Job; on the target's
+    nodes, if it names some, and never on those the request excludes."""
+    cluster, spec, nodes, exclude = target.cluster, target.spec, target.nodelist, request.exclude
     if request.tasks_per_node != 1:
         raise ValueError(f"{request.name}: a Kubernetes pod runs one command; tasks_per_node="
                          f"{request.tasks_per_node} is for Slurm")
@@ -207,9 +256,9 @@ def manifest_for(request: JobRequest, target: KubernetesTarget, commands: list[C
     if request.nodes > 1 or request.gpus_per_node:
         restarts = spec.backend.megatron_lm.max_restarts if spec.backend.megatron_lm else 0
         return manifests.pytorch_job(cluster, spec, name, stage, commands[0], request.time_limit_min,
-                                     restarts, nodes)
+                                     restarts, nodes, exclude)
     return manifests.batch_job(cluster, spec, name, stage, commands[0], request.time_limit_min,
-                               request.cpus_per_task, request.mem_gb)
+                               request.cpus_per_task, request.mem_gb, nodes, exclude)
 
 
 def _commands(requests: list[JobRequest]) -> list[Command]:
@@ -222,50 +271,75 @@ def _commands(requests: list[JobRequest]) -> list[Command]:
             for c in commands]  # type: ignore[union-attr]
 
 
-def submit(api: KubernetesApi, body: dict[str, Any]) -> SubmittedJob:
+def submit(api: KubernetesApi, requests: list[JobRequest], target: KubernetesTarget, folder: Path,
+           stage: str) -> SubmittedJob:
+    """Create the job of ``requests`` (one command each), its pods under a fresh lease in
+    ``folder``/NAME/ when the block asks for one."""
+    name, commands, lease = job_name(requests[0]), _commands(requests), None
+    if target.cluster.lease_timeout_s:
+        lease = Path(folder) / name / LEASE
+        lease.parent.mkdir(parents=True, exist_ok=True)
+        lease.touch()
+        commands = leased(commands, str(lease), target.cluster.lease_timeout_s)
+    body = manifest_for(requests[0], target, commands, stage, name)
     meta = body["metadata"]
+    _exit_on_sigterm()  # a worker cancels a flow run with SIGTERM: unwind, so the job is deleted
     if body["kind"] == "PyTorchJob":
         api.custom.create_namespaced_custom_object(KUBEFLOW_GROUP, KUBEFLOW_VERSION, meta["namespace"], PYTORCHJOBS, body)
     else:
         api.batch.create_namespaced_job(meta["namespace"], body)
-    return SubmittedJob(body["kind"], meta["name"], meta["namespace"])
+    return SubmittedJob(body["kind"], meta["name"], meta["namespace"], api, lease=str(lease) if lease else None)
+
+
+def _unless_gone(call: Callable[[], Any]) -> Any:
+    """``call()``, or None when its object is gone (404): deleted, by this layer or by hand."""
+    from kubernetes.client.exceptions import ApiException
+
+    try:
+        return call()
+    except ApiException as exc:
+        if exc.status != 404:
+            raise
+        return None
 
 
 def cancel(api: KubernetesApi, job: SubmittedJob) -> None:
     """Delete the job and, before it is gone, its pods (foreground propagation), so a cancelled
-    training job's ranks are stopped before anything resubmits beside them."""
+    training job's ranks are stopped before anything resubmits beside them. A job already gone
+    is what was asked."""
     from kubernetes.client import V1DeleteOptions
-    from kubernetes.client.exceptions import ApiException
 
     options = V1DeleteOptions(propagation_policy="Foreground")
-    try:
-        if job.kind == "PyTorchJob":
-            api.custom.delete_namespaced_custom_object(KUBEFLOW_GROUP, KUBEFLOW_VERSION, job.namespace, PYTORCHJOBS,
-                                                       job.name, body=options)
-        else:
-            api.batch.delete_namespaced_job(job.name, job.namespace, body=options)
-    except ApiException as exc:
-        if exc.status != 404:  # already gone is what was asked
-            raise
-
-
-def _status(api: KubernetesApi, job: SubmittedJob) -> dict[str, Any]:
     if job.kind == "PyTorchJob":
-        obj = api.custom.get_namespaced_custom_object_status(KUBEFLOW_GROUP, KUBEFLOW_VERSION, job.namespace,
-                                                            PYTORCHJOBS, job.name)
-        return obj.get("status") or {}
-    return api.serialize(api.batch.read_namespaced_job_status(job.name, job.namespace).status) or {}
+        _unless_gone(lambda: api.custom.delete_namespaced_custom_object(
+            KUBEFLOW_GROUP, KUBEFLOW_VERSION, job.namespace, PYTORCHJOBS, job.name, body=options))
+    else:
+        _unless_gone(lambda: api.batch.delete_namespaced_job(job.name, job.namespace, body=options))
+
+
+def _status(api: KubernetesApi, job: SubmittedJob) -> dict[str, Any] | None:
+    """The job's status; None once it is gone."""
+    if job.kind == "PyTorchJob":
+        obj = _unless_gone(lambda: api.custom.get_namespaced_custom_object_status(
+            KUBEFLOW_GROUP, KUBEFLOW_VERSION, job.namespace, PYTORCHJOBS, job.name))
+        return None if obj is None else obj.get("status") or {}
+    obj = _unless_gone(lambda: api.batch.read_namespaced_job_status(job.name, job.namespace))
+    return None if obj is None else api.serialize(obj.status) or {}
 
 
 def _pods(api: KubernetesApi, job: SubmittedJob) -> list[tuple[str, PodOutcome]]:
     label = PYTORCHJOB_POD_LABEL if job.kind == "PyTorchJob" else JOB_POD_LABEL
     pods = api.core.list_namespaced_pod(job.namespace, label_selector=f"{label}={job.name}").items
     seen = []
+    pods = sorted(pods, key=lambda pod: pod.metadata.name)
     for pod in pods:
         status = api.serialize(pod.status) or {}
         if status.get("phase") not in (None, "Pending"):
             job.logs.follow(api.core, job.namespace, pod.metadata.name)
         seen.append((pod.metadata.name, pod_outcome(status, pod.spec.node_name or "")))
+    job.phases = {pod.metadata.name: pod.status.phase or "Pending" for pod in pods}
+    # a pod deleted after the job ended takes its node with it: the nodes seen last stay
+    job.nodes = list(dict.fromkeys(pod.spec.node_name for pod in pods if pod.spec.node_name)) or job.nodes
     return seen
 
 
@@ -283,7 +357,8 @@ def wait_all(api: KubernetesApi, jobs: list[SubmittedJob], names: list[str], pol
         for i in list(pending):
             job = jobs[i]
             pods = _pods(api, job)
-            outcome = job_outcome(_status(api, job), [p for _, p in pods])
+            status = _status(api, job)
+            outcome = DELETED if status is None else job_outcome(status, [p for _, p in pods])
             if outcome.state:
                 time.sleep(0.5)  # the log streams deliver the last lines as the pods end
             for pod, line in job.logs.read_new():
@@ -307,19 +382,26 @@ def wait_all(api: KubernetesApi, jobs: list[SubmittedJob], names: list[str], pol
             logger.warning("the flow run is %s: deleted Kubernetes job(s) %s", state, ids)
             raise FlowRunCancelled(f"the flow run was cancelled ({state}); deleted Kubernetes job(s) {ids}")
         if pending:
+            for i in pending:
+                if jobs[i].lease:
+                    renew_lease(jobs[i].lease)
             if on_poll is not None:
                 on_poll()
             time.sleep(poll_s)
     return outcomes  # type: ignore[return-value]
 
 
-def run_job(request: JobRequest, target: KubernetesTarget, poll_s: float = 5.0, max_wait_s: float | None = None,
-            on_poll: Callable[[], None] | None = None, nodes: tuple[str, ...] = ()) -> list[int]:
+def run_job(request: JobRequest, target: KubernetesTarget, folder: Path, poll_s: float = 5.0,
+            max_wait_s: float | None = None,
+            on_poll: Callable[[], None] | None = None,
+            on_submit: Callable[[SubmittedJob], None] | None = None) -> list[int]:
     """Submit, follow and return one result per node (0, the exit code of a command that
     succeeded, as the Slurm layer's Command returns it); the job never outlives this call."""
     api = KubernetesApi(target.cluster)
-    job = submit(api, manifest_for(request, target, _commands([request]), request.name, nodes))
+    job = submit(api, [request], target, folder, request.name)
     _logger().info("submitted %s as %s %s", request.name, job.kind, job.job_id)
+    if on_submit is not None:
+        on_submit(job)
     try:
         (outcome,) = wait_all(api, [job], [request.name], poll_s, max_wait_s, on_poll)
     finally:
@@ -329,18 +411,18 @@ def run_job(request: JobRequest, target: KubernetesTarget, poll_s: float = 5.0, 
     return [0] * request.nodes
 
 
-def run_array(requests: list[JobRequest], target: KubernetesTarget, poll_s: float = 5.0,
+def run_array(requests: list[JobRequest], target: KubernetesTarget, folder: Path, poll_s: float = 5.0,
               max_wait_s: float | None = None) -> list[list[int] | SlurmJobFailed]:
     """Same-shaped requests as one Indexed Job; every index's outcome (an index that failed is a
     :class:`SlurmJobFailed`, the others ``[0]``)."""
     api = KubernetesApi(target.cluster)
-    job = submit(api, manifest_for(requests[0], target, _commands(requests), requests[0].name.split("-")[0]))
+    job = submit(api, requests, target, folder, requests[0].name.split("-")[0])
     _logger().info("submitted %d x %s as Indexed Job %s", len(requests), requests[0].name, job.job_id)
     try:
         (outcome,) = wait_all(api, [job], [requests[0].name], poll_s, max_wait_s)
         # an index the job lists as failed failed; a job ended as a whole (deleted, past its
         # deadline) failed every index that had not finished
-        failed = (failed_indexes(_status(api, job)) or set(range(len(requests)))
+        failed = (failed_indexes(_status(api, job) or {}) or set(range(len(requests)))
                   if isinstance(outcome, SlurmJobFailed) else set())
     finally:
         cancel_if_running(api, job)
@@ -359,5 +441,18 @@ def failed_indexes(status: dict[str, Any]) -> set[int]:
 def cancel_if_running(api: KubernetesApi, job: SubmittedJob) -> None:
     """A job left by an exception (a cancelled flow, a crash) is deleted; a finished one is left
     to its ttlSecondsAfterFinished, so `kubectl logs` still shows it."""
-    if job_condition(_status(api, job)) is None:
+    status = _status(api, job)
+    if status is not None and job_condition(status) is None:
         cancel(api, job)
+
+
+def wait_gone(job: SubmittedJob, timeout_s: float, poll_s: float = 1.0) -> bool:
+    """Until no pod of the job is pending or running; False if one outlasts ``timeout_s``. A
+    deleted training job's ranks save a checkpoint on their way out (SIGTERM, then the grace
+    period): the next attempt must not start beside them."""
+    deadline = time.monotonic() + timeout_s
+    while _pods(job.api, job) and {"Pending", "Running"} & set(job.phases.values()):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(poll_s)
+    return True

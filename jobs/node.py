@@ -127,6 +127,14 @@ class Leased:
                 return
 
 
+def renew_lease(lease: str) -> None:
+    """The flow side of :class:`Leased`: touch the lease, once per poll of the job it covers."""
+    try:
+        os.utime(lease)
+    except FileNotFoundError:
+        pass  # submitted without a lease
+
+
 def cancel_this_job() -> None:
     """scancel this Slurm job (every node, no requeue); outside Slurm, interrupt this process,
     which makes :class:`Command` stop its program."""

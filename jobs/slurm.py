@@ -11,7 +11,6 @@ from __future__ import annotations
 import atexit
 import functools
 import logging
-import os
 import re
 import shutil
 import signal
@@ -35,7 +34,7 @@ from prefect.states import Cancelled, State
 
 from blocks.cluster import SlurmCluster
 from jobs.log_lines import LineSplitter
-from jobs.node import LEASE, Leased
+from jobs.node import LEASE, Leased, renew_lease
 from jobs.pending import QueueWatch
 
 # sacct states after which the job will not run again (REQUEUED is followed by a restart, and
@@ -364,10 +363,7 @@ def _leased(command: Callable[[], Any], cluster: SlurmCluster, job_dir: Path) ->
 
 
 def _renew_lease(job: submitit.Job) -> None:
-    try:
-        os.utime(Path(job.paths.folder) / LEASE)
-    except FileNotFoundError:
-        pass  # submitted without a lease
+    renew_lease(str(Path(job.paths.folder) / LEASE))
 
 
 # Every job this process submitted, per flow run (None outside one), in submission order: the

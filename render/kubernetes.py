@@ -36,6 +36,9 @@ REPLICA_INDEX_LABEL = "training.kubeflow.org/replica-index"
 # unique suffix; an Indexed Job's pods add their index to the name.
 MAX_NAME = 52
 
+# The node a pod runs on, as the scheduler names it (what node affinity takes), from the
+# downward API: the node programs record it as their node, as they record SLURMD_NODENAME on Slurm.
+NODE_NAME_ENV = [{"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}]
 ONE_NODE = {"NNODES": "1", "NODE_RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(MASTER_PORT)}
 
 
@@ -108,7 +111,7 @@ def _container(cluster: KubernetesCluster, spec: PretrainSpec, command: list[str
 
 
 def _pod_spec(cluster: KubernetesCluster, container: dict[str, Any], restart: str, training: bool,
-              nodes: tuple[str, ...] = ()) -> dict[str, Any]:
+              nodes: tuple[str, ...] = (), exclude: tuple[str, ...] = ()) -> dict[str, Any]:
     volumes: list[dict[str, Any]] = [{"name": "shared", "persistentVolumeClaim": {"claimName": cluster.volume_claim}}]
     if training and cluster.shm_size:
         volumes.append({"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": cluster.shm_size}})
@@ -121,9 +124,13 @@ def _pod_spec(cluster: KubernetesCluster, container: dict[str, Any], restart: st
         pod["tolerations"] = [t.model_dump(exclude_none=True) for t in cluster.tolerations]
     if cluster.priority_class:
         pod["priorityClassName"] = cluster.priority_class
-    if nodes:
-        pod["affinity"] = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
-            {"matchExpressions": [{"key": "kubernetes.io/hostname", "operator": "In", "values": list(nodes)}]}]}}}
+    # the nodes to run on and those to leave out (after a node failure), as Slurm's --nodelist
+    # and --exclude; one term, so a node must pass both
+    wanted = [{"key": "kubernetes.io/hostname", "operator": operator, "values": list(names)}
+              for operator, names in (("In", nodes), ("NotIn", exclude)) if names]
+    if wanted:
+        pod["affinity"] = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+            "nodeSelectorTerms": [{"matchExpressions": wanted}]}}}
     return pod
 
 
@@ -149,11 +156,14 @@ def _job(cluster: KubernetesCluster, spec: PretrainSpec, name: str, stage: str, 
 
 
 def batch_job(cluster: KubernetesCluster, spec: PretrainSpec, name: str, stage: str, command: Command,
-              time_limit_min: int, cpus: int | None = None, mem_gb: float | None = None) -> dict[str, Any]:
-    """A one-node stage (fetch's getdata, convert, tokenize's merge, a one-node precompile)."""
+              time_limit_min: int, cpus: int | None = None, mem_gb: float | None = None,
+              nodes: tuple[str, ...] = (), exclude: tuple[str, ...] = ()) -> dict[str, Any]:
+    """A one-node stage (fetch's getdata, convert, tokenize's merge, a one-node precompile or
+    training without GPUs); ``nodes``, ``exclude``: as for :func:`pytorch_job`."""
     container = _container(cluster, spec, _script(command, ""), {**ONE_NODE, **command.env},
-                           data_resources(cpus, mem_gb), command.cwd, [])
-    return _job(cluster, spec, name, stage, time_limit_min, _pod_spec(cluster, container, "Never", False))
+                           data_resources(cpus, mem_gb), command.cwd, [], NODE_NAME_ENV)
+    return _job(cluster, spec, name, stage, time_limit_min,
+                _pod_spec(cluster, container, "Never", False, nodes, exclude))
 
 
 def indexed_job(cluster: KubernetesCluster, spec: PretrainSpec, name: str, stage: str, commands: list[Command],
@@ -175,21 +185,22 @@ def indexed_job(cluster: KubernetesCluster, spec: PretrainSpec, name: str, stage
 
 
 def pytorch_job(cluster: KubernetesCluster, spec: PretrainSpec, name: str, stage: str, command: Command,
-                time_limit_min: int, max_restarts: int = 0, nodes: tuple[str, ...] = ()) -> dict[str, Any]:
+                time_limit_min: int, max_restarts: int = 0, nodes: tuple[str, ...] = (),
+                exclude: tuple[str, ...] = ()) -> dict[str, Any]:
     """Training on ``cluster.nodes`` pods, ``devices_per_node`` processes each, as the EKS
     runbook's PyTorchJob. Without ``cluster.elastic``: a Master (node 0) and Workers, the operator
     giving each pod its node rank (PET_NODE_RANK) and the master's address. With it: Workers
     only, under an elasticPolicy (c10d rendezvous, as many nodes as the spec, torchrun restarting
     the ranks up to ``max_restarts`` times when a node is lost and replaced), each pod numbered by
     its replica index. ``nodes``: the Kubernetes nodes to run on (training after a precompile
-    that filled per-node caches there)."""
+    that filled per-node caches there); ``exclude``: the nodes to leave out (after a node failure)."""
     c = spec.cluster
     if cluster.elastic:
         exports = 'export NNODES="$PET_NNODES" NODE_RANK="$REPLICA_INDEX" MASTER_ADDR="${PET_RDZV_ENDPOINT%:*}"; '
-        downward = [{"name": "REPLICA_INDEX", "valueFrom": {"fieldRef": {
+        downward = [*NODE_NAME_ENV, {"name": "REPLICA_INDEX", "valueFrom": {"fieldRef": {
             "fieldPath": f"metadata.labels['{REPLICA_INDEX_LABEL}']"}}}]
     else:
-        exports, downward = 'export NNODES="$PET_NNODES" NODE_RANK="$PET_NODE_RANK"; ', []
+        exports, downward = 'export NNODES="$PET_NNODES" NODE_RANK="$PET_NODE_RANK"; ', NODE_NAME_ENV
     shm = [{"name": "shm", "mountPath": "/dev/shm"}] if cluster.shm_size else []
     # MASTER_ADDR and MASTER_PORT come from the operator (the port from the named container port)
     container = _container(cluster, spec, _script(command, exports), dict(command.env),
@@ -200,13 +211,15 @@ def pytorch_job(cluster: KubernetesCluster, spec: PretrainSpec, name: str, stage
     def replica(count: int) -> dict[str, Any]:
         return {"replicas": count, "restartPolicy": restart,
                 "template": {"metadata": {"labels": stage_labels(spec, stage)},
-                             "spec": _pod_spec(cluster, copy.deepcopy(container), restart, True, nodes)}}
+                             "spec": _pod_spec(cluster, copy.deepcopy(container), restart, True, nodes, exclude)}}
 
     if cluster.elastic:
         replicas = {"Worker": replica(c.nodes)}
     else:
         replicas = {"Master": replica(1), **({"Worker": replica(c.nodes - 1)} if c.nodes > 1 else {})}
-    run_policy: dict[str, Any] = {"cleanPodPolicy": "None", "backoffLimit": max_restarts if cluster.elastic else 0,
+    # Running: when the job ends (a failed master fails it), the operator deletes the pods still
+    # running, so no worker trains on beside a resubmission; the ended pods keep their logs.
+    run_policy: dict[str, Any] = {"cleanPodPolicy": "Running", "backoffLimit": max_restarts if cluster.elastic else 0,
                                   "activeDeadlineSeconds": time_limit_min * 60}
     if cluster.ttl_seconds_after_finished is not None:
         run_policy["ttlSecondsAfterFinished"] = cluster.ttl_seconds_after_finished

@@ -15,6 +15,7 @@ from trainer.run_layout import checkpoint_dir
 
 if TYPE_CHECKING:  # a Prefect block; rendering only copies it
     from blocks.cluster import SlurmCluster
+    from jobs.kubernetes import KubernetesTarget
 
 MASTER_PORT = 29500
 PRETRAIN_GPT = "/workspace/Megatron-LM/pretrain_gpt.py"
@@ -99,12 +100,14 @@ def node_command(spec: PretrainSpec, dataset: str, run: Path) -> Command:
                    env=environment())
 
 
-def in_container(cluster: SlurmCluster, spec: PretrainSpec, image: str | None = None) -> SlurmCluster:
+def in_container(cluster: SlurmCluster | KubernetesTarget, spec: PretrainSpec,
+                 image: str | None = None) -> SlurmCluster | KubernetesTarget:
     """``cluster`` running its srun steps in a pyxis image: ``image``, the image stage's squashfs,
-    or else the ``container_image`` the spec names; unchanged without either."""
+    or else the ``container_image`` the spec names; unchanged without either. A Kubernetes
+    target, which has no srun steps, as it is: its pods run in their image already."""
     settings = spec.backend.megatron_lm
     container = image or (settings.container_image if settings else None)
-    if not container:
+    if not container or not hasattr(cluster, "container_image"):
         return cluster
     update: dict = {"container_image": container, "container_mounts": settings.container_mounts}
     if image and settings.image and settings.image.install_project:

@@ -1,6 +1,7 @@
 """The attempt loop every training backend's train task shares: submit the job, follow its
 metrics (progress and loss-curve artifacts, hang detection), resubmit it when it dies, leaving
-out nodes Slurm holds down, and end with the run's summary or a failure naming every attempt.
+out the nodes a node failure left suspect, and end with the run's summary or a failure naming
+every attempt. It runs on Slurm and on Kubernetes alike, through :mod:`jobs.executor`.
 
 The run directory is keyed by the spec, the dataset and the flow run, so a retry of a train task,
 or a resubmission after the job died, resumes from the run's newest complete checkpoint while a
@@ -15,13 +16,11 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable
 
-from prefect.logging import get_run_logger
 from prefect.runtime import flow_run
 
-from blocks.cluster import SlurmCluster
-from jobs.nodes import expand_nodes, unhealthy_nodes
-from jobs.slurm import (JobRequest, SlurmJobFailed, executor_kind, job_folder, job_running, query_slurm_state,
-                        run_job, wait_gone)
+from jobs.executor import (NODE_STATES, Cluster, excluded_after, job_folder, job_nodes, job_running, on_nodes,
+                           run_job, wait_gone)
+from jobs.slurm import JobRequest, SlurmJobFailed, _logger
 from pretrain import manifest
 from pretrain.log_parsers import MetricsStream, parse_log
 from pretrain.loss_curve import metrics_summary
@@ -29,8 +28,6 @@ from pretrain.spec import PretrainSpec
 from tasks.train_artifacts import publish_loss_curve, publish_progress
 
 LOSS_CURVE_EVERY_S = 30.0
-# Slurm states after which the nodes, not the program, are suspect.
-NODE_STATES = {"NODE_FAIL", "BOOT_FAIL"}
 
 
 class TrainingFailed(RuntimeError):
@@ -50,13 +47,6 @@ def run_dir(spec: PretrainSpec, dataset: str) -> Path:
     key = manifest.stable_hash({"spec": spec.model_dump(mode="json"), "dataset": dataset,
                                 "flow_run": flow_run.get_id() or "no-flow-run"})
     return manifest.output_dir(spec.paths.root, "train", key)
-
-
-def excluded_after(failure: SlurmJobFailed) -> set[str]:
-    """Nodes to leave out of the next submission: after a node failure, the job's nodes that
-    Slurm now holds unhealthy. The others did nothing wrong, and leaving all of a many-node
-    job's nodes out could leave too few to schedule the retry on."""
-    return unhealthy_nodes(expand_nodes(failure.nodes)) if failure.state in NODE_STATES else set()
 
 
 class MetricsFollower:
@@ -144,7 +134,7 @@ def job_completed(outcome: str) -> bool:
     return outcome == COMPLETED
 
 
-def run_attempts(spec: PretrainSpec, cluster: SlurmCluster, follower: MetricsFollower, max_restarts: int,
+def run_attempts(spec: PretrainSpec, cluster: Cluster, follower: MetricsFollower, max_restarts: int,
                  prepare: Callable[[int], JobRequest],
                  finished: Callable[[str], bool] = job_completed,
                  explain: Callable[[str], str] = str) -> Attempts:
@@ -154,12 +144,11 @@ def run_attempts(spec: PretrainSpec, cluster: SlurmCluster, follower: MetricsFol
     ``outcome`` being :data:`COMPLETED` when the job ended well; ``explain(outcome)`` is the
     attempt's outcome as the history records it, in the trainer's words where it left any. Every
     backend's train task uses this loop; each resumes from its own newest checkpoint."""
-    logger = get_run_logger()
+    logger = _logger()  # the task's log, or a plain one where a test calls the loop itself
     attempts = Attempts()
     for attempt in range(max_restarts + 1):
         if attempts.excluded and cluster.nodelist:
-            cluster = cluster.model_copy(
-                update={"nodelist": [h for h in cluster.nodelist if h not in attempts.excluded]})
+            cluster = on_nodes(cluster, [h for h in cluster.nodelist if h not in attempts.excluded])
         request = replace(prepare(attempt), exclude=tuple(sorted(attempts.excluded)))
         follower.restart()
         started = time.monotonic()
@@ -171,9 +160,9 @@ def run_attempts(spec: PretrainSpec, cluster: SlurmCluster, follower: MetricsFol
             outcome = COMPLETED
         except SlurmJobFailed as failure:
             if failure.state in NODE_STATES:
-                bad = excluded_after(failure)
+                bad = excluded_after(failure, cluster)
                 logger.warning("job %s lost a node (nodes %s); left out of the next attempt: %s", failure.job_id,
-                               failure.nodes, ", ".join(sorted(bad)) or "none (Slurm holds none of them down now)")
+                               failure.nodes, ", ".join(sorted(bad)) or "none (all of them are healthy now)")
                 attempts.excluded |= bad
             outcome = f"{failure.state}: {str(failure).splitlines()[0]}"
             if not failure.retryable:  # a resubmission would meet the same: a missing tool, a job Slurm never starts
@@ -181,19 +170,19 @@ def run_attempts(spec: PretrainSpec, cluster: SlurmCluster, follower: MetricsFol
         except RunHung as hung:
             outcome = f"hung: {hung}"  # run_job has cancelled the job
         if outcome != COMPLETED and submitted:
-            # Slurm records a cancelled, preempted or timed-out job as ended while its ranks still
-            # save a checkpoint into the run directory on the way out (SIGTERM): the next attempt
-            # must not start beside them, nor be judged by a record they have not yet written.
+            # Slurm and Kubernetes record a cancelled, preempted or timed-out job as ended while
+            # its ranks still save a checkpoint into the run directory on the way out (SIGTERM):
+            # the next attempt must not start beside them, nor be judged by a record they have
+            # not yet written.
             lead = spec.backend.native.stop_signal_delay_s + 60
             if not wait_gone(submitted[0], timeout_s=lead):
                 logger.warning("job %s is still listed %d s after it ended; resubmitting anyway",
                                submitted[0].job_id, lead)
         follower.read()
-        job_id = submitted[0].job_id if submitted else None
-        sacct = query_slurm_state(job_id) if job_id and executor_kind(cluster) == "slurm" else None
         described = explain(outcome)  # reads what the trainer left: once per attempt
-        attempts.history.append({"attempt": attempt + 1, "job": job_id,
-                                 "nodes": sacct.nodes if sacct else "", "outcome": described,
+        attempts.history.append({"attempt": attempt + 1, "job": submitted[0].job_id if submitted else None,
+                                 "nodes": ",".join(job_nodes(submitted[0])) if submitted else "",
+                                 "outcome": described,
                                  "seconds": round(time.monotonic() - started, 1),
                                  "step": max(follower.stream.points, default=0)})
         if finished(outcome) or attempts.reason:
@@ -210,7 +199,7 @@ def finish_run(spec: PretrainSpec, follower: MetricsFollower, attempts: Attempts
     attempt's outcome, or ``result`` with the job history, the metrics summary and the graphs
     training still compiled."""
     if any(row["compiled"] for row in compiled):
-        get_run_logger().warning("training compiled graphs the precompile stage did not cover: %s", compiled)
+        _logger().warning("training compiled graphs the precompile stage did not cover: %s", compiled)
     points = follower.stream.as_list()
     if points:
         publish_loss_curve(spec.name, points)

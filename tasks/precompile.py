@@ -1,4 +1,4 @@
-"""precompile: one Slurm job over the training's node count that fills the compile cache, so
+"""precompile: one job (Slurm, or a Kubernetes PyTorchJob) over the training's node count that fills the compile cache, so
 that training finds every graph there. Native backend: a short torch.compile warm-up of the
 trainer itself (:func:`precompile_native`). Neuron backend: ``neuron_parallel_compile`` around
 the training launch (:func:`precompile_neuron`).
@@ -39,8 +39,8 @@ from pretrain import manifest
 from jobs.node import Command
 from pretrain.neuron_compile import CompileSummary, from_results, parse_npc_log
 from pretrain.spec import PretrainSpec
-from jobs.nodes import expand_nodes
-from jobs.slurm import JobRequest, SlurmJobFailed, cluster_for, ends_cancelled, job_folder, run_job, stage_request
+from jobs.executor import cluster_for, failure_nodes, job_folder, on_nodes, run_job
+from jobs.slurm import JobRequest, SlurmJobFailed, ends_cancelled, stage_request
 from render import native
 from render.dataset_files import eod_id
 from render.nxdt import config_yaml, nxdt_config, precompile_command
@@ -171,7 +171,7 @@ def precompile_neuron(spec: PretrainSpec, dataset: str, checkpoint: str | None =
 
     cluster = cluster_for(spec)
     if plan.nodelist:
-        cluster = cluster.model_copy(update={"nodelist": list(plan.nodelist)})
+        cluster = on_nodes(cluster, plan.nodelist)
     logger.info("precompile in %s%s%s", attempt, " recompiling failed graphs" if plan.retry_failed else "",
                 f" on {','.join(plan.nodelist)}" if plan.nodelist else "")
     job_error = None
@@ -221,7 +221,7 @@ def precompile_native(spec: PretrainSpec, dataset: str, data_dir: str) -> dict:
         run_job(stage_request(spec, f"{spec.name}-precompile", command), cluster, job_folder(spec, cluster))
     except SlurmJobFailed as failure:
         rows = [{"node": node, "graphs traced": 0, "graph breaks": 0, "compiled": 0, "from cache": 0, "failed": 1}
-                for node in expand_nodes(failure.nodes)]
+                for node in failure_nodes(failure, cluster)]
         create_table_artifact(rows, key=artifact_key(spec.name, "precompile"),
                               description="torch.compile warm-up failed; see the task log")
         raise

@@ -69,7 +69,7 @@ def refuse_on_this_host(spec: PretrainSpec, stages: set[str]) -> None:
 
 def partition_rows(spec: PretrainSpec, cluster: SlurmCluster) -> list[dict]:
     """What sinfo says the partition has, against what the run's jobs ask for."""
-    c, where = spec.cluster, cluster.partition or "the default partition"
+    c = spec.cluster
     partition = read_partition(cluster.partition)
     if partition is None:
         return [{"check": "partition", "ok": False, "found": f"no partition {cluster.partition!r} in sinfo",

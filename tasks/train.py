@@ -1,4 +1,4 @@
-"""train (native backend): ``python -m trainer train`` under torchrun on N Slurm nodes, followed
+"""train (native backend): ``python -m trainer train`` under torchrun on N nodes (Slurm or Kubernetes), followed
 and resubmitted by the shared attempt loop (:mod:`tasks.attempts`): a run whose metrics stop
 advancing is cancelled and resubmitted, and a node that Slurm reports failed is excluded from the
 next submission. Each attempt resumes from the run's newest complete checkpoint.
@@ -15,7 +15,8 @@ from typing import Any
 from prefect import task
 
 from jobs.node import Command
-from jobs.slurm import JobRequest, cluster_for, ends_cancelled, stage_request
+from jobs.executor import cluster_for, on_nodes
+from jobs.slurm import JobRequest, ends_cancelled, stage_request
 from pretrain.spec import PretrainSpec
 from render import native
 from render.dataset_files import eod_id
@@ -41,7 +42,7 @@ def train(spec: PretrainSpec, dataset: str, data_dir: str, nodelist: list[str] |
     write_config(config_path, config)
     cluster = cluster_for(spec)
     if nodelist:
-        cluster = cluster.model_copy(update={"nodelist": nodelist})
+        cluster = on_nodes(cluster, nodelist)
     command = Command(native.torchrun_command(spec, str(config_path), str(record_path), python=sys.executable),
                       env=native.environment(spec))
     follower = MetricsFollower(spec, directory / "metrics.jsonl", config["steps"], n.hang_timeout_min * 60)

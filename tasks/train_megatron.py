@@ -18,7 +18,8 @@ from typing import Any
 
 from prefect import task
 
-from jobs.slurm import cluster_for, ends_cancelled, stage_request
+from jobs.executor import cluster_for
+from jobs.slurm import ends_cancelled, stage_request
 from pretrain.spec import MegatronLMSpec, PretrainSpec
 from render.megatron_lm import in_container, node_command
 from tasks.artifacts import retryable

@@ -25,7 +25,8 @@ from prefect import task
 from prefect.logging import get_run_logger
 
 from jobs.node import Command
-from jobs.slurm import JobRequest, cluster_for, ends_cancelled, stage_request
+from jobs.executor import cluster_for, on_nodes
+from jobs.slurm import JobRequest, ends_cancelled, stage_request
 from pretrain.neuron_compile import training_compiles
 from pretrain.spec import PretrainSpec
 from render.nxdt import config_yaml
@@ -75,7 +76,7 @@ def train_nxdt(spec: PretrainSpec, dataset: str, checkpoint: str | None = None,
     (run / "conf").mkdir(parents=True, exist_ok=True)
     cluster = cluster_for(spec)
     if precompiled and precompiled.get("nodes"):
-        cluster = cluster.model_copy(update={"nodelist": precompiled["nodes"]})
+        cluster = on_nodes(cluster, precompiled["nodes"])
     script = run / "train.sh"
     script.write_text(train_script(spec, run, precompiled and precompiled.get("compile_cache_url")))
     follower = MetricsFollower(spec, run / "node-0" / TRAIN_LOG, spec.training.train_steps or 0,

@@ -1,28 +1,31 @@
 """The Kubernetes job layer read against real recorded API objects (tests/assets/kubernetes/
 SOURCES.md names each one's source): how a job or pod ended, in the words the tasks understand,
-and a pod log that arrives in pieces."""
+and a pod log that arrives in pieces; then the layer's own calls, made by the official client
+against a local API server that answers with those objects (tests/kubernetes_api_server.py)."""
 
 from __future__ import annotations
 
-import json
+import os
+import signal
+import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
-import yaml
 
-from jobs.kubernetes import PodLogs, PodOutcome, _commands, failed_indexes, job_condition, job_outcome, pod_outcome
+from blocks.kubernetes import runbook_cluster
+from jobs.kubernetes import (KubernetesTarget, PodLogs, PodOutcome, _commands, failed_indexes, job_condition,
+                             job_outcome, leased, pod_outcome, run_array, run_job)
 from jobs.node import Command
-from jobs.slurm import JobRequest
+from jobs.slurm import JobRequest, SlurmJobFailed
+from pretrain.presets import load_spec
+from render.kubernetes import batch_job
+from tests.kubernetes_api_server import RECORDED, RecordedApiServer, RecordedPod, Replay, recorded
+from tests.kubernetes_schemas import invalid
 
 pytestmark = pytest.mark.pure
-
-RECORDED = Path(__file__).parent / "assets" / "kubernetes" / "recorded"
-
-
-def recorded(name: str):
-    text = (RECORDED / name).read_text()
-    return json.loads(text) if name.endswith(".json") else yaml.safe_load(text)
 
 
 def test_an_oom_killed_container_is_out_of_memory_with_its_exit_code():
@@ -100,47 +103,184 @@ def test_commands_run_the_images_python_not_the_flows():
         _commands([JobRequest("x", print, 10)])
 
 
-class RecordedCluster:
-    """Answers the job layer's calls with the recorded objects: a Job past its backoff limit whose
-    one pod was OOM-killed on ip-10-0-1-1, its log the runbook's getdata output. Only the answers
-    are stand-ins; the job layer's reading of them is the code under test."""
-
-    def __init__(self):
-        self.core, self.batch = self, self
-        self.deleted = []
-
-    def serialize(self, obj):
-        return obj
-
-    def read_namespaced_job_status(self, name, namespace):
-        return type("Job", (), {"status": recorded("job-status-backoff-limit-exceeded.json")})
-
-    def list_namespaced_pod(self, namespace, label_selector):
-        assert label_selector == "batch.kubernetes.io/job-name=getdata"
-        pod = type("Pod", (), {
-            "metadata": type("Meta", (), {"name": "getdata-x7k2p"}),
-            "spec": type("Spec", (), {"node_name": "ip-10-0-1-1"}),
-            "status": {"phase": "Failed", "containerStatuses": recorded("pod-container-statuses-oomkilled.yaml")}})
-        return type("PodList", (), {"items": [pod]})
-
-    def read_namespaced_pod_log(self, pod, namespace, container, follow, _preload_content):
-        data = (RECORDED / "getdata-job-logs.txt").read_bytes()
-        return type("Stream", (), {"stream": lambda self, decode_content: (data[i:i + 100] for i in range(0, len(data), 100))})()
-
-    def delete_namespaced_job(self, name, namespace, body):
-        self.deleted.append((name, body.propagation_policy))
+def target(server: RecordedApiServer, volume: Path | None = None) -> KubernetesTarget:
+    """The runbook's cluster, its API server the local one; ``volume``: the shared volume's mount
+    path, and the spec's root there."""
+    settings = {"mount_path": str(volume)} if volume else {}
+    cluster = runbook_cluster().model_copy(update={"image": "megatron-lm:0.16.1", "namespace": "training",
+                                                   "api_server": server.url, **settings})
+    return KubernetesTarget(cluster, load_spec("gpt3-7.5b-eks", [f"paths.root={volume}/pretrain"] if volume else []))
 
 
-def test_a_followed_job_fails_with_the_pods_reason_node_and_log_tail():
-    from jobs.kubernetes import SubmittedJob, cancel, wait_all
-    from jobs.slurm import SlurmJobFailed
+GETDATA_LOG = (RECORDED / "getdata-job-logs.txt").read_text()
+OOM_KILLED = RecordedPod("ip-10-0-1-1", {"phase": "Failed",
+                                         "containerStatuses": recorded("pod-container-statuses-oomkilled.yaml")})
 
-    api = RecordedCluster()
-    job = SubmittedJob("Job", "getdata", "training")
-    (outcome,) = wait_all(api, [job], ["getdata"], poll_s=0.01)
-    assert isinstance(outcome, SlurmJobFailed)
+
+def test_a_job_that_ran_out_of_memory_fails_with_the_pods_reason_node_and_log_through_the_api(tmp_path):
+    """Created, followed (pods by the Job controller's label, each pod's log with follow=true)
+    and read to its end through the client's real routes; a finished job is left to its ttl."""
+    replay = Replay([recorded("job-status-running.json"), recorded("job-status-backoff-limit-exceeded.json")],
+                    [OOM_KILLED], GETDATA_LOG)
+    with RecordedApiServer([replay]) as server:
+        with pytest.raises(SlurmJobFailed) as failed:
+            job = target(server)
+            run_job(JobRequest("getdata", Command([sys.executable, "-m", "trainer", "fetch"]), 10), job, tmp_path, poll_s=0.01)
+    (body,) = server.created()
+    name = body["metadata"]["name"]
+    # what was rendered, every field through the client's V1Job model and back: the command in the
+    # image's python, under the lease the flow renewed while it followed the job
+    lease = tmp_path / name / "lease"
+    (command,) = leased([Command(["python", "-m", "trainer", "fetch"])], str(lease), 300)
+    assert body == batch_job(job.cluster, job.spec, name, "getdata", command, 10)
+    assert lease.exists()
+    assert invalid(body) == []
+    assert name.startswith("getdata-")
+    assert [r.query["labelSelector"] for r in server.sent("GET", "/pods$")][0] == [f"batch.kubernetes.io/job-name={name}"]
+    (log,) = server.sent("GET", "/log$")
+    assert log.path == f"/api/v1/namespaces/training/pods/{name}-0/log"
+    assert log.query == {"container": ["pytorch"], "follow": ["true"]}
+    outcome = failed.value
     assert (outcome.state, outcome.exit_code, outcome.nodes) == ("OUT_OF_MEMORY", "137", "ip-10-0-1-1")
-    assert outcome.log_tail[-1] == "Download completed."
-    assert "kubectl logs -n training -l batch.kubernetes.io/job-name=getdata" in str(outcome)
-    cancel(api, job)
-    assert api.deleted == [("getdata", "Foreground")]
+    assert outcome.log_tail == GETDATA_LOG.splitlines()[-30:]
+    assert f"kubectl logs -n training -l batch.kubernetes.io/job-name={name}" in str(outcome)
+    assert not server.sent("DELETE")
+
+
+def test_a_training_job_that_succeeded_is_a_pytorchjob_created_at_the_kubeflow_route(tmp_path):
+    # a Kubeflow v1 job's recorded status (the JobStatus PyTorchJob shares)
+    with RecordedApiServer([Replay([recorded("jaxjob-status-succeeded.yaml")])]) as server:
+        request = JobRequest("gpt-train", Command(["torchrun", "--nnodes", "$NNODES"]), 60, nodes=2, gpus_per_node=8)
+        assert run_job(request, target(server), tmp_path, poll_s=0.01) == [0, 0]
+    (create,) = server.sent("POST")
+    assert create.path == "/apis/kubeflow.org/v1/namespaces/training/pytorchjobs"
+    assert create.body["kind"] == "PyTorchJob" and invalid(create.body) == []
+    name = create.body["metadata"]["name"]
+    assert [r.path for r in server.sent("GET", "/status$")][0] == \
+        f"/apis/kubeflow.org/v1/namespaces/training/pytorchjobs/{name}/status"
+    assert [r.query["labelSelector"] for r in server.sent("GET", "/pods$")][0] == \
+        [f"training.kubeflow.org/job-name={name}"]
+
+
+def test_an_indexed_job_that_failed_as_a_whole_fails_every_index(tmp_path):
+    """tokenize's shards: one Indexed Job; without failedIndexes in its status (a Job past its
+    backoff limit) no index can be trusted."""
+    requests = [JobRequest(f"tokenize-{i}-of-2", Command(["python", "-m", "trainer", "tokenize", str(i)]), 10)
+                for i in range(2)]
+    replay = Replay([recorded("job-status-backoff-limit-exceeded.json")], [OOM_KILLED])
+    with RecordedApiServer([replay]) as server:
+        outcomes = run_array(requests, target(server), tmp_path, poll_s=0.01)
+    (body,) = server.created()
+    assert body["spec"]["completionMode"] == "Indexed" and body["spec"]["completions"] == 2 and invalid(body) == []
+    assert [o.state for o in outcomes] == ["OUT_OF_MEMORY", "OUT_OF_MEMORY"]
+
+
+def test_an_exception_while_following_deletes_the_job_with_foreground_propagation(tmp_path):
+    """A hung run (on_poll raises) leaves no job behind: the DELETE carries DeleteOptions with
+    propagationPolicy Foreground, so the pods are gone before the job is."""
+
+    class Hung(Exception):
+        pass
+
+    def hang() -> None:
+        raise Hung
+
+    with RecordedApiServer([Replay([recorded("job-status-running.json")], [OOM_KILLED])]) as server:
+        with pytest.raises(Hung):
+            run_job(JobRequest("getdata", Command(["true"]), 10), target(server), tmp_path, poll_s=0.01, on_poll=hang)
+    (delete,) = server.sent("DELETE")
+    name = server.created()[0]["metadata"]["name"]
+    assert delete.path == f"/apis/batch/v1/namespaces/training/jobs/{name}"
+    assert delete.body == {"propagationPolicy": "Foreground"}
+
+
+def test_a_job_past_the_wait_is_deleted_once_and_fails_cancelled(tmp_path):
+    """The deleted job is gone (404) when the layer looks at it again on its way out: that is
+    what was asked, not an error hiding the outcome."""
+    with RecordedApiServer([Replay([recorded("job-status-running.json")], [OOM_KILLED])]) as server:
+        with pytest.raises(SlurmJobFailed) as failed:
+            run_job(JobRequest("getdata", Command(["true"]), 10), target(server), tmp_path, poll_s=0.01, max_wait_s=0)
+    assert failed.value.state == "CANCELLED"
+    assert len(server.sent("DELETE")) == 1
+
+
+def test_training_runs_on_the_nodes_precompile_ran_on_and_leaves_out_a_lost_one(tmp_path):
+    """precompile's PyTorchJob ran on two nodes; training, pinned to them, loses one to a NoExecute
+    taint (NODE_FAIL), and the shared attempt loop resubmits it on the other node only, where it
+    succeeds."""
+    from jobs.executor import job_nodes, on_nodes
+    from tasks.attempts import MetricsFollower, run_attempts
+
+    done = recorded("jaxjob-status-succeeded.yaml")
+    # the pod disruption condition of Kubernetes' documentation (Pod disruption conditions): no
+    # recorded object of a taint manager eviction was found
+    lost = {"phase": "Failed", "conditions": [{**recorded("pod-condition-preempted.json"), "reason": "DeletionByTaintManager",
+                                               "message": "Taint manager: deleting due to NoExecute taint"}]}
+    failed = recorded("job-status-backoff-limit-exceeded.json")  # a Failed condition, as every Kubeflow job has
+    replays = [Replay([done], [RecordedPod("ip-10-0-1-1", {"phase": "Succeeded"}),
+                               RecordedPod("ip-10-0-1-2", {"phase": "Succeeded"})]),
+               Replay([failed], [RecordedPod("ip-10-0-1-1", lost), RecordedPod("ip-10-0-1-2", {"phase": "Failed"})]),
+               Replay([done], [RecordedPod("ip-10-0-1-2", {"phase": "Succeeded"})])]
+    with RecordedApiServer(replays) as server:
+        eks = target(server, tmp_path)
+        spec = eks.spec
+        precompile = []
+        run_job(JobRequest("gpt-precompile", Command(["torchrun"]), 10, nodes=2, gpus_per_node=8), eks,
+                tmp_path, poll_s=0.01, on_submit=precompile.append)
+        pinned = on_nodes(eks, job_nodes(precompile[0]))
+        follower = MetricsFollower(spec, tmp_path / "metrics.jsonl", 10, 600)
+        attempts = run_attempts(spec, pinned, follower, max_restarts=1, prepare=lambda attempt: JobRequest(
+            "gpt-train", Command(["torchrun"]), 60, nodes=2, gpus_per_node=8))
+    assert [a["outcome"].split(":")[0] for a in attempts.history] == ["NODE_FAIL", "completed"]
+    assert attempts.history[0]["nodes"] == "ip-10-0-1-1,ip-10-0-1-2" and attempts.excluded == {"ip-10-0-1-1"}
+
+    def node_terms(body):
+        pod = body["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]
+        term, = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+        return [(e["operator"], e["values"]) for e in term["matchExpressions"]]
+
+    _, first, second = server.created()
+    assert node_terms(first) == [("In", ["ip-10-0-1-1", "ip-10-0-1-2"])]
+    assert node_terms(second) == [("In", ["ip-10-0-1-2"]), ("NotIn", ["ip-10-0-1-1"])]
+    assert all(invalid(body) == [] for body in server.created())
+
+
+def test_a_pod_whose_lease_is_not_renewed_stops_its_program_and_fails(tmp_path):
+    """What every pod runs its command under (jobs/lease.py): nobody renews the lease, as when the
+    flow's pod was killed, and the program is stopped after the lease's time."""
+    lease = tmp_path / "lease"
+    lease.touch()
+    started = time.monotonic()
+    done = subprocess.run([sys.executable, "-m", "jobs.lease", str(lease), "2", "--", "sleep", "60"],
+                          capture_output=True, text=True, timeout=30)
+    assert done.returncode == 1 and time.monotonic() - started < 10
+    assert f"has not renewed {lease} for 2 s" in done.stdout
+    ok = subprocess.run([sys.executable, "-m", "jobs.lease", str(lease), "2", "--", "sh", "-c", "exit 3"])
+    assert ok.returncode == 3  # the program's own exit code while the lease holds
+
+
+def test_a_terminated_flow_process_deletes_its_job_within_a_second(tmp_path):
+    """How a cancelled flow run ends on Kubernetes: the worker deletes the flow's pod, and the
+    kubelet sends its process SIGTERM, then SIGKILL 30 s later (the pod's default grace period,
+    the issue's limit). The DELETE must arrive in between; it arrives at once, not at the next
+    poll (5 s here)."""
+    previous = signal.signal(signal.SIGTERM, signal.SIG_DFL)  # the layer installs its own, as in a flow process
+    signalled = []
+    try:
+        with RecordedApiServer([Replay([recorded("job-status-running.json")])]) as server:
+            def terminate_once_followed() -> None:
+                while not server.sent("GET", "/status$"):
+                    time.sleep(0.01)
+                signalled.append(time.monotonic())
+                os.kill(os.getpid(), signal.SIGTERM)
+
+            threading.Thread(target=terminate_once_followed, daemon=True).start()
+            with pytest.raises(SystemExit):
+                run_job(JobRequest("gpt-train", Command(["torchrun"]), 60, nodes=2, gpus_per_node=8), target(server),
+                        tmp_path, poll_s=5.0)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    (delete,) = server.sent("DELETE")
+    assert delete.path.startswith("/apis/kubeflow.org/v1/namespaces/training/pytorchjobs/")
+    assert delete.body == {"propagationPolicy": "Foreground"}
+    assert delete.at - signalled[0] < 1.0

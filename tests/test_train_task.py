@@ -443,8 +443,9 @@ def test_event_lines_after_the_last_step_are_signs_of_life(tmp_path):
 def test_only_the_node_slurm_holds_failed_is_excluded_from_the_next_attempt(local_stack):
     """After NODE_FAIL the job's node list names every node it ran on; the one to leave out is
     the one Slurm now holds down or drained (here: this cluster's node, drained for the test)."""
+    from blocks.cluster import SlurmCluster
+    from jobs.executor import excluded_after
     from jobs.slurm import SlurmJobFailed
-    from tasks.attempts import excluded_after
 
     (node,) = set(subprocess.run(["sinfo", "-h", "-N", "-o", "%N"], capture_output=True, text=True,
                                  check=True).stdout.split())  # listed once per partition
@@ -452,11 +453,14 @@ def test_only_the_node_slurm_holds_failed_is_excluded_from_the_next_attempt(loca
     def failure(state: str) -> SlurmJobFailed:
         return SlurmJobFailed("42", "tiny-local-train", state, "", [], exit_code="0:0", nodes=node)
 
-    assert excluded_after(failure("NODE_FAIL")) == set()  # the node is healthy again: nothing to leave out
+    def excluded(failure: SlurmJobFailed) -> set[str]:
+        return excluded_after(failure, SlurmCluster(executor="slurm"))
+
+    assert excluded(failure("NODE_FAIL")) == set()  # the node is healthy again: nothing to leave out
     subprocess.run(["scontrol", "update", f"nodename={node}", "state=drain", "reason=test: failed node"], check=True)
     try:
-        assert excluded_after(failure("NODE_FAIL")) == {node}
+        assert excluded(failure("NODE_FAIL")) == {node}
         # A crash, a cancel or a time limit says nothing against the nodes: they stay in.
-        assert excluded_after(failure("FAILED")) == set() == excluded_after(failure("TIMEOUT"))
+        assert excluded(failure("FAILED")) == set() == excluded(failure("TIMEOUT"))
     finally:
         subprocess.run(["scontrol", "update", f"nodename={node}", "state=resume"], check=True)
