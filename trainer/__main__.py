@@ -1,4 +1,4 @@
-"""Node programs: ``python -m trainer tokenize|convert|train ...``.
+"""Node programs: ``python -m trainer tokenize|convert|train|monitor ...``.
 
 They read their arguments, write their outputs and a JSON record, and never import Prefect,
 so they run the same by hand as under the pipeline.
@@ -8,7 +8,8 @@ import sys
 
 
 def main() -> int:
-    commands = {"tokenize": "trainer.tokenize", "convert": "trainer.convert", "train": "trainer.train.main"}
+    commands = {"tokenize": "trainer.tokenize", "convert": "trainer.convert", "train": "trainer.train.main",
+                "monitor": "trainer.monitor.main"}
     if len(sys.argv) < 2 or sys.argv[1] not in commands:
         print(f"usage: python -m trainer {{{','.join(commands)}}} ...", file=sys.stderr)
         return 2
