@@ -40,8 +40,8 @@ def nightly_benchmark(preset: str = "tiny-local", overrides: list[str] | None = 
         steps: Training steps of the benchmark run.
         window: How many earlier passing runs of the same configuration form the baseline (median).
         thresholds: How much worse than the baseline a metric may get, as a fraction, per metric:
-            tokens_per_s, step_time_ms, mfu_pct, final_loss, graphs_compiled_in_training, graph_breaks,
-            graphs_failed_in_precompile, stage_s.
+            tokens_per_s, step_time_ms, mfu_pct, device_util_pct (mean device utilization), final_loss,
+            graphs_compiled_in_training, graph_breaks, graphs_failed_in_precompile, stage_s.
         history: Name of a StorageLocation block for the records; default `<paths.root>/benchmarks`.
         new_baseline: Accept this run as the new baseline after an intended change (new code that
             is slower but better, another machine): it passes, and later runs compare with it

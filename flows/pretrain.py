@@ -24,6 +24,7 @@ from prefect import flow
 from prefect.states import Cancelled
 
 from pretrain import manifest
+from pretrain.device_samples import DeviceSamples
 from pretrain.loss_curve import RunSummary, metrics_summary, package_versions
 from pretrain.hub_refs import spec_references
 from pretrain.presets import load_spec
@@ -163,4 +164,5 @@ def _summary(spec: PretrainSpec, stage: StageTimer, outcome: str, failure: BaseE
     measured = train_result["metrics"] if train_result else getattr(failure, "metrics", None)
     return RunSummary(spec=spec.model_dump(mode="json"), outcome=outcome, code_version=manifest.code_version(),
                       packages=package_versions(), slurm_jobs=jobs, stage_seconds=stage.seconds,
-                      compile_graphs=compiled, **(measured or metrics_summary([])))
+                      compile_graphs=compiled,
+                      **(measured or {**metrics_summary([]), **DeviceSamples().figures()}))

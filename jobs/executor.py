@@ -109,12 +109,15 @@ def failure_nodes(failure: SlurmJobFailed, cluster: Cluster) -> list[str]:
     return expand_nodes(failure.nodes)
 
 
-def excluded_after(failure: SlurmJobFailed, cluster: Cluster) -> set[str]:
-    """Nodes to leave out of the next submission after a node failure. On Slurm, the job's nodes
-    that Slurm now holds unhealthy: the others did nothing wrong, and leaving all of a many-node
-    job's nodes out could leave too few to schedule the retry on. On Kubernetes, the nodes whose
-    pods were evicted for a NoExecute taint (not ready, unreachable, out of service)."""
+def excluded_after(failure: SlurmJobFailed, cluster: Cluster, faulty: dict[str, str] | None = None) -> set[str]:
+    """Nodes to leave out of the next submission: after any failure, the nodes whose devices
+    reported errors (``faulty``, from the device sampler); after a node failure, on Slurm, the
+    job's nodes that Slurm now holds unhealthy (the others did nothing wrong, and leaving all of a
+    many-node job's nodes out could leave too few to schedule the retry on), and on Kubernetes
+    the nodes whose pods were evicted for a NoExecute taint (not ready, unreachable, out of
+    service)."""
+    bad = set(faulty or {})
     if failure.state not in NODE_STATES:
-        return set()
+        return bad
     nodes = failure_nodes(failure, cluster)
-    return set(nodes) if isinstance(cluster, KubernetesTarget) else unhealthy_nodes(nodes)
+    return bad | (set(nodes) if isinstance(cluster, KubernetesTarget) else unhealthy_nodes(nodes))

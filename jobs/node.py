@@ -56,11 +56,15 @@ class Command:
 
     ``$NODE_RANK``, ``$MASTER_ADDR`` and the other names of :func:`distributed_environment`
     are expanded in ``argv``, so a torchrun line can be written once for every node.
+
+    ``sidecar``: a program started beside it on the same node (the device sampler), ended with
+    SIGTERM once the program has ended, whatever its outcome.
     """
 
     argv: list[str]
     env: dict[str, str] = field(default_factory=dict)
     cwd: str | None = None
+    sidecar: list[str] | None = None
 
     def __call__(self) -> int:
         # The local executor's cancel and an expired lease interrupt this process with SIGINT. A
@@ -71,6 +75,19 @@ class Command:
         argv = [string.Template(arg).safe_substitute(dist) for arg in self.argv]
         env = {**os.environ, **dist, **self.env}
         print(f"[rank {dist['RANK']}] $ {' '.join(argv)}", flush=True)
+        beside = subprocess.Popen([string.Template(arg).safe_substitute(dist) for arg in self.sidecar], env=env,
+                                  cwd=self.cwd, stdout=sys.stdout, stderr=sys.stderr) if self.sidecar else None
+        try:
+            return self._run(argv, env)
+        finally:
+            if beside is not None:
+                beside.terminate()  # the sampler takes its last sample and exits
+                try:
+                    beside.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    beside.kill()
+
+    def _run(self, argv: list[str], env: dict[str, str]) -> int:
         proc = subprocess.Popen(argv, env=env, cwd=self.cwd, stdout=sys.stdout, stderr=sys.stderr)
         # Slurm signals every process of the step ahead of a time limit or preemption (--signal).
         # The program checkpoints and exits on its own; submitit's handler here would requeue the

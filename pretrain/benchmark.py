@@ -42,6 +42,9 @@ RULES: dict[str, Rule] = {
     "tokens_per_s": Rule(higher_is_better=True, relative=0.10, unit="tokens/s"),
     "step_time_ms": Rule(higher_is_better=False, relative=0.10, unit="ms"),
     "mfu_pct": Rule(higher_is_better=True, relative=0.05, unit="%"),
+    # Mean device utilization from the device sampler: idle devices (input stalls, stragglers)
+    # show here even where MFU is unknown (a CPU, a device without a peak figure).
+    "device_util_pct": Rule(higher_is_better=True, relative=0.05, absolute=2.0, unit="%"),
     # Fixed seeds and data: the loss at the last step moves only when the numerics change.
     "final_loss": Rule(higher_is_better=False, relative=0.02),
     # Graphs the training run compiled although precompile ran: the cache stopped covering it.
@@ -111,7 +114,8 @@ def record_from_run(spec: dict[str, Any], flow_run_id: str, train: dict[str, Any
     on an earlier run's output."""
     summary = train["metrics"]
     metrics: dict[str, float | None] = {name: summary.get(name) for name in
-                                         ("tokens_per_s", "step_time_ms", "mfu_pct", "final_loss")}
+                                         ("tokens_per_s", "step_time_ms", "mfu_pct", "final_loss",
+                                          "device_util_pct")}
     graphs = dict(precompile["graphs"]) if precompile else {}
     if precompile is not None:
         compiled = [row["compiled"] for row in train["compiled_during_training"]]

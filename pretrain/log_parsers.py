@@ -11,7 +11,8 @@
   ``time``, epoch seconds, the native stream's name for it), and ``evaluate_and_print_results``'s
   validation lines (``val_loss``, ``val_ppl``; ``test_...`` on the test set).
 - The native trainer: JSON lines with a ``step``; those with an ``event`` (checkpoint saved, step
-  skipped) record occurrences, not metrics.
+  skipped) record occurrences, not metrics; those with a ``kind`` (``device``: the device
+  sampler's, ``pretrain/device_samples.py`` reads them) belong to other readers and are passed over.
 
 Beside the stream, ``preprocess_progress`` reads the tokenize stage's progress line, which
 Megatron-LM's ``tools/preprocess_data.py`` and ``trainer tokenize`` print alike.
@@ -373,6 +374,8 @@ def _native(line: str, stream: MetricsStream) -> bool:
         return False
     try:
         record = json.loads(line)
+        if "kind" in record:
+            return True
         step = int(record["step"])
         metrics = {k: float(v) for k, v in record.items() if k != "step" and isinstance(v, (int, float))}
     except (ValueError, KeyError, TypeError):

@@ -336,6 +336,8 @@ class RunSummary(TypedDict):
     - ``tokens_per_s``, ``mfu_pct``: median over the logged steps after the first
       (see ``metrics_summary``).
     - ``final_loss``, ``final_val_loss``: the last finite train and validation losses.
+    - ``device_util_pct``, ``device_memory_gib``: mean device utilization over the nodes and
+      samples, and the peak memory of any device (``DeviceSamples.figures``).
     - ``compile_graphs``: per stage that compiles (precompile, train) and node, the graphs it
       compiled and those its cache served (None where the compiler's cache is not counted);
       training should compile 0 after a precompile that covered it.
@@ -353,6 +355,8 @@ class RunSummary(TypedDict):
     mfu_pct: float | None
     final_loss: float | None
     final_val_loss: float | None
+    device_util_pct: float | None
+    device_memory_gib: float | None
     compile_graphs: list[dict[str, Any]]
 
 
@@ -386,6 +390,10 @@ def _duration(seconds: float) -> str:
     return f"{minutes // 60}:{minutes % 60:02d}:{secs:02d}"
 
 
+def _fmt_unit(value: float | None, unit: str, decimals: int) -> str:
+    return "n/a" if value is None else f"{value:.{decimals}f} {unit}"
+
+
 def _one_line(text: str) -> str:
     """``text`` as one markdown table cell: its first line, no column separators."""
     return (text.splitlines() or [""])[0].replace("|", "/")
@@ -413,6 +421,8 @@ def run_summary_markdown(summary: RunSummary) -> str:
         f"| tokens/s | {'n/a' if tokens is None else f'{tokens:,.0f}'} |",
         f"| step time | {'n/a' if step_ms is None else f'{step_ms:,.1f} ms'} |",
         f"| MFU | {'n/a' if mfu is None else f'{mfu:.1f} %'} |",
+        f"| mean device utilization | {_fmt_unit(summary['device_util_pct'], '%', 1)} |",
+        f"| peak device memory | {_fmt_unit(summary['device_memory_gib'], 'GiB', 2)} |",
         f"| code version | `{summary['code_version']}` |",
         "",
         "#### Slurm jobs",

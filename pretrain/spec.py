@@ -438,6 +438,8 @@ class NativeSpec(Restarts):
     stop_signal_delay_s: int = Field(90, ge=0, description="Ask Slurm for USR2 this long before the time "
                                      "limit, so the trainer checkpoints and exits in time.")
     export_hf: bool = Field(True, description="Export the final model as HF safetensors + config.json.")
+    monitor_interval_s: float = Field(5.0, gt=0, description="Seconds between the device sampler's samples "
+                                      "(python -m trainer monitor, one per node beside the ranks).")
 
 
 class BackendSpec(Strict):

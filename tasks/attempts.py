@@ -10,6 +10,7 @@ new flow run trains afresh.
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from dataclasses import dataclass, field, replace
@@ -22,10 +23,11 @@ from jobs.executor import (NODE_STATES, Cluster, excluded_after, job_folder, job
                            run_job, wait_gone)
 from jobs.slurm import JobRequest, SlurmJobFailed, _logger
 from pretrain import manifest
+from pretrain.device_samples import DeviceSamples
 from pretrain.log_parsers import MetricsStream, parse_log
 from pretrain.loss_curve import metrics_summary
 from pretrain.spec import PretrainSpec
-from tasks.train_artifacts import publish_loss_curve, publish_progress
+from tasks.train_artifacts import publish_devices, publish_loss_curve, publish_progress
 
 LOSS_CURVE_EVERY_S = 30.0
 
@@ -53,8 +55,12 @@ class MetricsFollower:
     """Reads the metrics JSONL as it grows; publishes progress and the loss curve; notices a hang."""
 
     def __init__(self, spec: PretrainSpec, path: Path, total_steps: int, hang_timeout_s: float,
-                 clock: Callable[[], float] = time.monotonic):
+                 clock: Callable[[], float] = time.monotonic, devices_dir: Path | None = None):
         self.spec, self.path, self.total = spec, path, total_steps
+        # the device sampler's files, one per node (python -m trainer monitor), read as they grow
+        self.devices_dir = devices_dir
+        self.devices = DeviceSamples()
+        self.device_offsets: dict[Path, int] = {}
         self.hang_timeout_s = hang_timeout_s
         self.clock = clock  # seconds; a test passes its own to age the run without waiting
         self.offset = 0
@@ -67,6 +73,7 @@ class MetricsFollower:
         self.last_curve = 0.0
 
     def read(self) -> None:
+        self.read_devices()
         try:
             with open(self.path, "rb") as f:
                 inode = os.fstat(f.fileno()).st_ino
@@ -84,6 +91,22 @@ class MetricsFollower:
         end = max(text.rfind("\n"), text.rfind("\r")) + 1
         parse_log(text[:end], self.stream)
         self.partial = text[end:]
+
+    def read_devices(self) -> None:
+        """New complete lines of every node's device file; a sampler's torn last line waits."""
+        if self.devices_dir is None or not self.devices_dir.is_dir():
+            return
+        for path in sorted(self.devices_dir.glob("*.jsonl")):
+            with open(path, "rb") as f:
+                f.seek(self.device_offsets.get(path, 0))
+                data = f.read()
+            end = data.rfind(b"\n") + 1
+            self.device_offsets[path] = self.device_offsets.get(path, 0) + end
+            for line in data[:end].splitlines():
+                try:
+                    self.devices.add(json.loads(line))
+                except (ValueError, KeyError, TypeError):
+                    continue  # not a device record: evidence elsewhere, never a reason to stop following
 
     def restart(self) -> None:
         """A new attempt: its start-up (and resume) is not a hang."""
@@ -106,6 +129,8 @@ class MetricsFollower:
         if now - self.last_curve > LOSS_CURVE_EVERY_S and self.stream.points:
             self.last_curve = now
             publish_loss_curve(self.spec.name, self.stream.as_list())
+            if self.devices.nodes:
+                publish_devices(self.spec.name, self.devices)
         if now - self.last_advance > self.hang_timeout_s:
             raise RunHung(f"no new metrics for {self.hang_timeout_s / 60:.1f} min (last step {step}); "
                           "cancelled as hung")
@@ -159,12 +184,17 @@ def run_attempts(spec: PretrainSpec, cluster: Cluster, follower: MetricsFollower
                     on_poll=lambda: follower.poll(started=job_running(submitted[0])))
             outcome = COMPLETED
         except SlurmJobFailed as failure:
-            if failure.state in NODE_STATES:
-                bad = excluded_after(failure, cluster)
-                logger.warning("job %s lost a node (nodes %s); left out of the next attempt: %s", failure.job_id,
+            follower.read_devices()
+            faulty = {node: errors for node, errors in follower.devices.faulty_nodes().items()
+                      if node not in attempts.excluded}
+            if failure.state in NODE_STATES or faulty:
+                bad = excluded_after(failure, cluster, faulty)
+                logger.warning("job %s failed on nodes %s; left out of the next attempt: %s", failure.job_id,
                                failure.nodes, ", ".join(sorted(bad)) or "none (all of them are healthy now)")
                 attempts.excluded |= bad
             outcome = f"{failure.state}: {str(failure).splitlines()[0]}"
+            if faulty:
+                outcome += " -- device errors on " + "; ".join(f"{node} ({errors})" for node, errors in faulty.items())
             if not failure.retryable:  # a resubmission would meet the same: a missing tool, a job Slurm never starts
                 attempts.reason = f"not resubmitted: {str(failure).splitlines()[0]}"
         except RunHung as hung:
@@ -203,10 +233,14 @@ def finish_run(spec: PretrainSpec, follower: MetricsFollower, attempts: Attempts
     points = follower.stream.as_list()
     if points:
         publish_loss_curve(spec.name, points)
+    follower.read_devices()
+    if follower.devices.nodes:
+        publish_devices(spec.name, follower.devices)
+    measured = {**metrics_summary(points), **follower.devices.figures()}
     if not finished:
         failure = attempts.failure()
-        failure.metrics, failure.attempts = metrics_summary(points), attempts.history
+        failure.metrics, failure.attempts = measured, attempts.history
         raise failure
     return {**result, "attempts": attempts.history, "excluded_nodes": sorted(attempts.excluded),
-            "metrics": metrics_summary(points), "skipped_log_lines": follower.stream.skipped,
+            "metrics": measured, "skipped_log_lines": follower.stream.skipped,
             "compiled_during_training": compiled}

@@ -44,8 +44,10 @@ def train(spec: PretrainSpec, dataset: str, data_dir: str, nodelist: list[str] |
     if nodelist:
         cluster = on_nodes(cluster, nodelist)
     command = Command(native.torchrun_command(spec, str(config_path), str(record_path), python=sys.executable),
-                      env=native.environment(spec))
-    follower = MetricsFollower(spec, directory / "metrics.jsonl", config["steps"], n.hang_timeout_min * 60)
+                      env=native.environment(spec),
+                      sidecar=native.monitor_command(spec, str(directory), python=sys.executable))
+    follower = MetricsFollower(spec, directory / "metrics.jsonl", config["steps"], n.hang_timeout_min * 60,
+                               devices_dir=directory / "devices")
 
     def prepare(attempt: int) -> JobRequest:
         for stale in [record_path, *directory.glob(f"{record_path.name}.compile-*.json")]:

@@ -29,6 +29,7 @@ from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRun
 from prefect.client.schemas.sorting import ArtifactSort
 from prefect.utilities.context import get_task_and_flow_run_ids
 
+from pretrain.device_samples import DeviceSamples
 from pretrain.loss_curve import RunSummary, loss_curve_markdown, run_summary_markdown, table_rows
 from tasks.artifacts import artifact_key
 
@@ -65,6 +66,14 @@ def publish_loss_curve(spec_name: str, points: list[dict]) -> None:
     # allow_nan=False: a NaN here would be invalid JSON; table_rows spells them out as text.
     _publish(artifact_key(spec_name, "loss-points"), "table", json.dumps(rows, allow_nan=False),
              f"{len(rows)} of {logged}: per step range the lowest and highest loss, and the evaluations")
+
+
+def publish_devices(spec_name: str, samples: DeviceSamples) -> None:
+    """The device samples (``<spec>-devices``, markdown): utilization and memory per node over
+    time, and per node the means, peaks and errors. Published with the loss curve, not per poll."""
+    nodes = len(samples.nodes)
+    _publish(artifact_key(spec_name, "devices"), "markdown", samples.markdown(f"{spec_name}: devices"),
+             f"device utilization, memory and errors of {nodes} node{'s' if nodes != 1 else ''}")
 
 
 def publish_run_summary(spec_name: str, summary: RunSummary) -> None:

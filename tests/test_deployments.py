@@ -281,12 +281,17 @@ def test_tiny_local_run_publishes_every_artifact_and_the_ui_draws_the_loss_curve
     run = wait_for(run_deployment(worker, "pretrain/tiny-local", {"overrides": tiny_local}), worker)
     assert run.state.is_completed(), run.state.message
     artifacts = artifacts_of(run.id)
-    for stage in ("fetch", "tokenize", "dataset", "loss-curve", "loss-points", "progress", "run-summary"):
+    for stage in ("fetch", "tokenize", "dataset", "loss-curve", "loss-points", "progress", "run-summary", "devices"):
         assert f"tiny-local-{stage}" in artifacts, f"no {stage} artifact; the run has {sorted(artifacts)}"
     points = [p for p in json.loads(artifacts["tiny-local-loss-points"].data) if p["loss"] is not None]
     assert [p["step"] for p in points] == list(range(1, 9))
     summary = artifacts["tiny-local-run-summary"].data
     assert "final train loss" in summary
+    # The device sampler ran beside the ranks (the CPU source here): its chart, its node's row
+    # without errors, and the mean utilization in the run summary.
+    devices = artifacts["tiny-local-devices"].data
+    assert devices.count("xychart-beta") == 2 and re.search(r"\n\| [\w.-]+ \| 1 \| \d+ \| [\d.]+ \|.* \| 0 \|  \|", devices)
+    assert re.search(r"\| mean device utilization \| [\d.]+ % \|", summary), summary
     # Every stage's Slurm jobs, each completed, in the order they ran (the module's runs share
     # their root: the nightly benchmark's may have tokenized the corpus already).
     jobs = section_rows(summary, "Slurm jobs")

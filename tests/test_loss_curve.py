@@ -349,6 +349,7 @@ def a_summary(points: list[dict]) -> RunSummary:
                            {"stage": "train", "node": "node-1", "compiled": 0, "from cache": 24},
                            {"stage": "precompile", "node": "trn1-1", "compiled": 3, "from cache": None}],
         **metrics_summary(points),
+        "device_util_pct": 87.5, "device_memory_gib": 61.25,
     }
 
 
@@ -369,6 +370,7 @@ def test_run_summary_markdown_reports_every_key():
     markdown = run_summary_markdown(summary)
     assert markdown.startswith("### Run summary: tiny-local")
     assert "| outcome | completed |" in markdown
+    assert "| mean device utilization | 87.5 % |" in markdown and "| peak device memory | 61.25 GiB |" in markdown
     failed = run_summary_markdown({**summary, "outcome": "failed: train: job 42 | NODE_FAIL\ntraceback ..."})
     assert "| outcome | failed: train: job 42 / NODE_FAIL |" in failed
     assert f"| final train loss | {summary['final_loss']:.4g} (step 5000) |" in markdown

@@ -137,6 +137,9 @@ def assert_nothing_left(job_name: str, config: Path) -> None:
         time.sleep(1)
     assert left == [], f"jobs left behind: {left}"
     assert trainer_processes(config) == {}
+    sampler = subprocess.run(["pgrep", "-f", f"trainer monitor --dir {config.parent / 'devices'}"],
+                             capture_output=True, text=True).stdout
+    assert sampler == "", f"device sampler left behind: {sampler}"
 
 
 class Fault(threading.Thread):
@@ -198,6 +201,11 @@ def run_with_fault(name: str, root: Path, corpus: Corpus, inject: Callable[[str,
     assert all(INTERVAL <= e["from_step"] < STEPS for e in resumed)
     assert result["resumed_from"] == resumed[-1]["from_step"]
     assert result["attempts"][-1]["outcome"] == "completed"
+    # The device sampler ran beside every attempt on the node, and is gone with it.
+    (devices,) = (run_dir / "devices").glob("*.jsonl")
+    samples = [json.loads(line) for line in devices.read_text().splitlines()]
+    assert samples and {s["kind"] for s in samples} == {"device"} and {s["device"] for s in samples} == {"cpu"}
+    assert result["metrics"]["device_util_pct"] is not None
     assert_nothing_left(f"{name}-train", run_dir / "train.json")
     return result, fault, records
 
@@ -457,6 +465,8 @@ def test_only_the_node_slurm_holds_failed_is_excluded_from_the_next_attempt(loca
         return excluded_after(failure, SlurmCluster(executor="slurm"))
 
     assert excluded(failure("NODE_FAIL")) == set()  # the node is healthy again: nothing to leave out
+    # Whatever ended the job, a node whose devices reported errors (the device sampler) is left out.
+    assert excluded_after(failure("FAILED"), SlurmCluster(executor="slurm"), {node: "gpu0: XID 79"}) == {node}
     subprocess.run(["scontrol", "update", f"nodename={node}", "state=drain", "reason=test: failed node"], check=True)
     try:
         assert excluded(failure("NODE_FAIL")) == {node}

@@ -1,4 +1,4 @@
-"""Node programs: ``python -m trainer tokenize|convert|train|preflight ...``.
+"""Node programs: ``python -m trainer tokenize|convert|train|preflight|monitor ...``.
 
 They read their arguments, write their outputs and a JSON record, and never import Prefect,
 so they run the same by hand as under the pipeline.
@@ -9,7 +9,7 @@ import sys
 
 def main() -> int:
     commands = {"tokenize": "trainer.tokenize", "convert": "trainer.convert", "train": "trainer.train.main",
-                "preflight": "trainer.preflight"}
+                "preflight": "trainer.preflight", "monitor": "trainer.monitor.main"}
     if len(sys.argv) < 2 or sys.argv[1] not in commands:
         print(f"usage: python -m trainer {{{','.join(commands)}}} ...", file=sys.stderr)
         return 2
