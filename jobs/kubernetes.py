@@ -20,14 +20,13 @@ import time
 import uuid
 from collections import deque
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable
+from typing import Any, Callable, Protocol
 
 from blocks.kubernetes import KubernetesCluster
 from jobs.log_lines import LineSplitter
 from jobs.node import LEASE, Command, renew_lease
 from jobs.slurm import (LOG_TAIL_LINES, CancelWatch, FlowRunCancelled, JobRequest, SlurmJobFailed, _exit_on_sigterm,
                         _logger)
-from render import kubernetes as manifests
 
 KUBEFLOW_GROUP, KUBEFLOW_VERSION, PYTORCHJOBS = "kubeflow.org", "v1", "pytorchjobs"
 # The pods of a batch Job carry its name in this label (set by the Job controller); those of a
@@ -159,7 +158,7 @@ class PodLogs:
                 lines.append((pod, line))
                 self.tail.append(line)
 
-    def follow(self, core: Any, namespace: str, pod: str) -> None:
+    def follow(self, core: Any, namespace: str, pod: str, container: str) -> None:
         """Start reading ``pod``'s log (once per pod), from its first line to its end."""
         if pod in self.followed:
             return
@@ -167,7 +166,7 @@ class PodLogs:
 
         def read() -> None:
             try:
-                stream = core.read_namespaced_pod_log(pod, namespace, container=manifests.CONTAINER, follow=True,
+                stream = core.read_namespaced_pod_log(pod, namespace, container=container, follow=True,
                                                       _preload_content=False)
                 for data in stream.stream(decode_content=True):
                     self.add(pod, data.decode(errors="replace"))
@@ -186,6 +185,7 @@ class SubmittedJob:
     name: str
     namespace: str
     api: KubernetesApi = field(repr=False)
+    container: str = "pytorch"  # whose log is the job's log
     logs: PodLogs = field(default_factory=PodLogs)
     lease: str | None = None  # the file its pods' lease watches (jobs/lease.py); None: no lease
     nodes: list[str] = field(default_factory=list)  # of its pods, in their names' order
@@ -231,36 +231,6 @@ class KubernetesApi:
         self.serialize = api_client.sanitize_for_serialization
 
 
-def job_name(request: JobRequest) -> str:
-    """A name of its own for each submission, from the request's."""
-    return f"{manifests.object_name(request.name)[:manifests.MAX_NAME - 7]}-{uuid.uuid4().hex[:6]}"
-
-
-def leased(commands: list[Command], lease: str, timeout_s: int) -> list[Command]:
-    """``commands`` run under the lease (jobs/lease.py), in the image's python."""
-    return [replace(c, argv=["python", "-m", "jobs.lease", lease, str(timeout_s), "--", *c.argv]) for c in commands]
-
-
-def manifest_for(request: JobRequest, target: KubernetesTarget, commands: list[Command], stage: str,
-                 name: str) -> dict[str, Any]:
-    """The object of ``request``: a PyTorchJob for a job on several nodes or with GPUs (training,
-    precompile), an Indexed Job for several commands (an array), else a Job; on the target's
-    nodes, if it names some, and never on those the request excludes."""
-    cluster, spec, nodes, exclude = target.cluster, target.spec, target.nodelist, request.exclude
-    if request.tasks_per_node != 1:
-        raise ValueError(f"{request.name}: a Kubernetes pod runs one command; tasks_per_node="
-                         f"{request.tasks_per_node} is for Slurm")
-    if len(commands) > 1:
-        return manifests.indexed_job(cluster, spec, name, stage, commands, request.time_limit_min,
-                                     request.cpus_per_task, request.mem_gb)
-    if request.nodes > 1 or request.gpus_per_node:
-        restarts = spec.backend.megatron_lm.max_restarts if spec.backend.megatron_lm else 0
-        return manifests.pytorch_job(cluster, spec, name, stage, commands[0], request.time_limit_min,
-                                     restarts, nodes, exclude)
-    return manifests.batch_job(cluster, spec, name, stage, commands[0], request.time_limit_min,
-                               request.cpus_per_task, request.mem_gb, nodes, exclude)
-
-
 def _commands(requests: list[JobRequest]) -> list[Command]:
     commands = [r.command for r in requests]
     if not all(isinstance(c, Command) for c in commands):
@@ -271,24 +241,39 @@ def _commands(requests: list[JobRequest]) -> list[Command]:
             for c in commands]  # type: ignore[union-attr]
 
 
+class Manifests(Protocol):
+    """What the job layer asks of the rendering (render/kubernetes.py): the caller hands it in,
+    so the job layer never imports the rendering, which sits above it."""
+
+    CONTAINER: str
+
+    def job_name(self, request_name: str) -> str: ...
+
+    def leased(self, commands: list[Command], lease: str, timeout_s: int) -> list[Command]: ...
+
+    def manifest_for(self, request: JobRequest, target: KubernetesTarget, commands: list[Command], stage: str,
+                     name: str) -> dict[str, Any]: ...
+
+
 def submit(api: KubernetesApi, requests: list[JobRequest], target: KubernetesTarget, folder: Path,
-           stage: str) -> SubmittedJob:
+           stage: str, manifests: Manifests) -> SubmittedJob:
     """Create the job of ``requests`` (one command each), its pods under a fresh lease in
     ``folder``/NAME/ when the block asks for one."""
-    name, commands, lease = job_name(requests[0]), _commands(requests), None
+    name, commands, lease = manifests.job_name(requests[0].name), _commands(requests), None
     if target.cluster.lease_timeout_s:
         lease = Path(folder) / name / LEASE
         lease.parent.mkdir(parents=True, exist_ok=True)
         lease.touch()
-        commands = leased(commands, str(lease), target.cluster.lease_timeout_s)
-    body = manifest_for(requests[0], target, commands, stage, name)
+        commands = manifests.leased(commands, str(lease), target.cluster.lease_timeout_s)
+    body = manifests.manifest_for(requests[0], target, commands, stage, name)
     meta = body["metadata"]
     _exit_on_sigterm()  # a worker cancels a flow run with SIGTERM: unwind, so the job is deleted
     if body["kind"] == "PyTorchJob":
         api.custom.create_namespaced_custom_object(KUBEFLOW_GROUP, KUBEFLOW_VERSION, meta["namespace"], PYTORCHJOBS, body)
     else:
         api.batch.create_namespaced_job(meta["namespace"], body)
-    return SubmittedJob(body["kind"], meta["name"], meta["namespace"], api, lease=str(lease) if lease else None)
+    return SubmittedJob(body["kind"], meta["name"], meta["namespace"], api, manifests.CONTAINER,
+                        lease=str(lease) if lease else None)
 
 
 def _unless_gone(call: Callable[[], Any]) -> Any:
@@ -335,7 +320,7 @@ def _pods(api: KubernetesApi, job: SubmittedJob) -> list[tuple[str, PodOutcome]]
     for pod in pods:
         status = api.serialize(pod.status) or {}
         if status.get("phase") not in (None, "Pending"):
-            job.logs.follow(api.core, job.namespace, pod.metadata.name)
+            job.logs.follow(api.core, job.namespace, pod.metadata.name, job.container)
         seen.append((pod.metadata.name, pod_outcome(status, pod.spec.node_name or "")))
     job.phases = {pod.metadata.name: pod.status.phase or "Pending" for pod in pods}
     # a pod deleted after the job ended takes its node with it: the nodes seen last stay
@@ -391,14 +376,14 @@ def wait_all(api: KubernetesApi, jobs: list[SubmittedJob], names: list[str], pol
     return outcomes  # type: ignore[return-value]
 
 
-def run_job(request: JobRequest, target: KubernetesTarget, folder: Path, poll_s: float = 5.0,
-            max_wait_s: float | None = None,
+def run_job(request: JobRequest, target: KubernetesTarget, folder: Path, manifests: Manifests,
+            poll_s: float = 5.0, max_wait_s: float | None = None,
             on_poll: Callable[[], None] | None = None,
             on_submit: Callable[[SubmittedJob], None] | None = None) -> list[int]:
     """Submit, follow and return one result per node (0, the exit code of a command that
     succeeded, as the Slurm layer's Command returns it); the job never outlives this call."""
     api = KubernetesApi(target.cluster)
-    job = submit(api, [request], target, folder, request.name)
+    job = submit(api, [request], target, folder, request.name, manifests)
     _logger().info("submitted %s as %s %s", request.name, job.kind, job.job_id)
     if on_submit is not None:
         on_submit(job)
@@ -411,12 +396,12 @@ def run_job(request: JobRequest, target: KubernetesTarget, folder: Path, poll_s:
     return [0] * request.nodes
 
 
-def run_array(requests: list[JobRequest], target: KubernetesTarget, folder: Path, poll_s: float = 5.0,
-              max_wait_s: float | None = None) -> list[list[int] | SlurmJobFailed]:
+def run_array(requests: list[JobRequest], target: KubernetesTarget, folder: Path, manifests: Manifests,
+              poll_s: float = 5.0, max_wait_s: float | None = None) -> list[list[int] | SlurmJobFailed]:
     """Same-shaped requests as one Indexed Job; every index's outcome (an index that failed is a
     :class:`SlurmJobFailed`, the others ``[0]``)."""
     api = KubernetesApi(target.cluster)
-    job = submit(api, requests, target, folder, requests[0].name.split("-")[0])
+    job = submit(api, requests, target, folder, requests[0].name.split("-")[0], manifests)
     _logger().info("submitted %d x %s as Indexed Job %s", len(requests), requests[0].name, job.job_id)
     try:
         (outcome,) = wait_all(api, [job], [requests[0].name], poll_s, max_wait_s)

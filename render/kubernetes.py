@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import copy
 import re
+import uuid
+from dataclasses import replace
 from pathlib import PurePosixPath
 from typing import TYPE_CHECKING, Any
 
@@ -22,6 +24,8 @@ from render.shell import shell_line
 
 if TYPE_CHECKING:  # a Prefect block; rendering only reads it
     from blocks.kubernetes import KubernetesCluster
+    from jobs.kubernetes import KubernetesTarget
+    from jobs.slurm import JobRequest
     from pretrain.spec import PretrainSpec
 
 JOB_API, PYTORCHJOB_API = "batch/v1", "kubeflow.org/v1"
@@ -230,3 +234,33 @@ def pytorch_job(cluster: KubernetesCluster, spec: PretrainSpec, name: str, stage
                                  "maxRestarts": max_restarts}
     return {"apiVersion": PYTORCHJOB_API, "kind": "PyTorchJob", "metadata": _metadata(cluster, spec, name, stage),
             "spec": body}
+
+
+def job_name(request_name: str) -> str:
+    """A name of its own for each submission, from the request's."""
+    return f"{object_name(request_name)[:MAX_NAME - 7]}-{uuid.uuid4().hex[:6]}"
+
+
+def leased(commands: list[Command], lease: str, timeout_s: int) -> list[Command]:
+    """``commands`` run under the lease (jobs/lease.py), in the image's python."""
+    return [replace(c, argv=["python", "-m", "jobs.lease", lease, str(timeout_s), "--", *c.argv]) for c in commands]
+
+
+def manifest_for(request: JobRequest, target: KubernetesTarget, commands: list[Command], stage: str,
+                 name: str) -> dict[str, Any]:
+    """The object of ``request``: a PyTorchJob for a job on several nodes or with GPUs (training,
+    precompile), an Indexed Job for several commands (an array), else a Job; on the target's
+    nodes, if it names some, and never on those the request excludes."""
+    cluster, spec, nodes, exclude = target.cluster, target.spec, target.nodelist, request.exclude
+    if request.tasks_per_node != 1:
+        raise ValueError(f"{request.name}: a Kubernetes pod runs one command; tasks_per_node="
+                         f"{request.tasks_per_node} is for Slurm")
+    if len(commands) > 1:
+        return indexed_job(cluster, spec, name, stage, commands, request.time_limit_min, request.cpus_per_task,
+                           request.mem_gb)
+    if request.nodes > 1 or request.gpus_per_node:
+        restarts = spec.backend.megatron_lm.max_restarts if spec.backend.megatron_lm else 0
+        return pytorch_job(cluster, spec, name, stage, commands[0], request.time_limit_min, restarts, nodes,
+                           exclude)
+    return batch_job(cluster, spec, name, stage, commands[0], request.time_limit_min, request.cpus_per_task,
+                     request.mem_gb, nodes, exclude)

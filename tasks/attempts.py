@@ -1,7 +1,7 @@
 """The attempt loop every training backend's train task shares: submit the job, follow its
 metrics (progress and loss-curve artifacts, hang detection), resubmit it when it dies, leaving
 out the nodes a node failure left suspect, and end with the run's summary or a failure naming
-every attempt. It runs on Slurm and on Kubernetes alike, through :mod:`jobs.executor`.
+every attempt. It runs on Slurm and on Kubernetes alike, through :mod:`tasks.executor`.
 
 The run directory is keyed by the spec, the dataset and the flow run, so a retry of a train task,
 or a resubmission after the job died, resumes from the run's newest complete checkpoint while a
@@ -19,7 +19,7 @@ from typing import Any, Callable
 
 from prefect.runtime import flow_run
 
-from jobs.executor import (NODE_STATES, Cluster, excluded_after, job_folder, job_nodes, job_running, on_nodes,
+from tasks.executor import (NODE_STATES, Cluster, excluded_after, job_folder, job_nodes, job_running, on_nodes,
                            run_job, wait_gone)
 from jobs.slurm import JobRequest, SlurmJobFailed, _logger
 from pretrain import manifest

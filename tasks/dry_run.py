@@ -15,7 +15,7 @@ from prefect.logging import get_run_logger
 
 from blocks.cluster import SlurmCluster
 from blocks.kubernetes import KubernetesCluster, runbook_cluster
-from jobs.executor import KUBERNETES_PREFIX, load_kubernetes_block
+from tasks.executor import KUBERNETES_PREFIX, load_kubernetes_block
 from jobs.node import Command
 from jobs.slurm import MissingClusterBlock, job_folder, load_cluster_block, slurm_parameters, stage_request
 from pretrain.hub_refs import with_local_values

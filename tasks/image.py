@@ -23,7 +23,7 @@ from prefect.artifacts import create_table_artifact
 from prefect.logging import get_run_logger
 
 from blocks.cluster import SlurmCluster
-from jobs.executor import cluster_for, job_folder, run_job
+from tasks.executor import cluster_for, job_folder, run_job
 from jobs.node import Command
 from jobs.slurm import SlurmJobFailed, ends_cancelled, stage_request
 from pretrain import manifest

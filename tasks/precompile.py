@@ -39,7 +39,7 @@ from pretrain import manifest
 from jobs.node import Command
 from pretrain.neuron_compile import CompileSummary, from_results, parse_npc_log
 from pretrain.spec import PretrainSpec
-from jobs.executor import cluster_for, failure_nodes, job_folder, on_nodes, run_job
+from tasks.executor import cluster_for, failure_nodes, job_folder, on_nodes, run_job
 from jobs.slurm import JobRequest, SlurmJobFailed, ends_cancelled, stage_request
 from render import native
 from render.dataset_files import eod_id

@@ -27,7 +27,7 @@ from prefect.logging import get_run_logger
 from pretrain import manifest
 from pretrain.log_parsers import preprocess_progress
 from jobs.node import Command
-from jobs.executor import cluster_for, job_folder, run_array, run_job
+from tasks.executor import cluster_for, job_folder, run_array, run_job
 from jobs.slurm import SlurmJobFailed, ends_cancelled, stage_request
 from pretrain.spec import PretrainSpec
 from render.dataset_files import arrow_output, tokenizer_files

@@ -15,7 +15,7 @@ from typing import Any
 from prefect import task
 
 from jobs.node import Command
-from jobs.executor import cluster_for, on_nodes
+from tasks.executor import cluster_for, on_nodes
 from jobs.slurm import JobRequest, ends_cancelled, stage_request
 from pretrain.spec import PretrainSpec
 from render import native

@@ -18,7 +18,7 @@ from typing import Any
 
 from prefect import task
 
-from jobs.executor import cluster_for
+from tasks.executor import cluster_for
 from jobs.slurm import ends_cancelled, stage_request
 from pretrain.spec import MegatronLMSpec, PretrainSpec
 from render.megatron_lm import in_container, node_command

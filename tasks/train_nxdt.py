@@ -25,7 +25,7 @@ from prefect import task
 from prefect.logging import get_run_logger
 
 from jobs.node import Command
-from jobs.executor import cluster_for, on_nodes
+from tasks.executor import cluster_for, on_nodes
 from jobs.slurm import JobRequest, ends_cancelled, stage_request
 from pretrain.neuron_compile import training_compiles
 from pretrain.spec import PretrainSpec

@@ -34,7 +34,7 @@ from urllib.parse import parse_qs, urlsplit
 
 import yaml
 
-from tests.kubernetes_schemas import invalid
+from kubernetes_schemas import invalid
 
 RECORDED = Path(__file__).parent / "assets" / "kubernetes" / "recorded"
 # The labels the Job controller and the training operator put on a job's pods.

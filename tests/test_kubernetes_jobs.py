@@ -16,14 +16,16 @@ from pathlib import Path
 import pytest
 
 from blocks.kubernetes import runbook_cluster
+from jobs import kubernetes
 from jobs.kubernetes import (KubernetesTarget, PodLogs, PodOutcome, _commands, failed_indexes, job_condition,
-                             job_outcome, leased, pod_outcome, run_array, run_job)
+                             job_outcome, pod_outcome)
 from jobs.node import Command
 from jobs.slurm import JobRequest, SlurmJobFailed
 from pretrain.presets import load_spec
-from render.kubernetes import batch_job
-from tests.kubernetes_api_server import RECORDED, RecordedApiServer, RecordedPod, Replay, recorded
-from tests.kubernetes_schemas import invalid
+from render import kubernetes as manifests
+from render.kubernetes import batch_job, leased
+from kubernetes_api_server import RECORDED, RecordedApiServer, RecordedPod, Replay, recorded
+from kubernetes_schemas import invalid
 
 pytestmark = pytest.mark.pure
 
@@ -125,7 +127,7 @@ def test_a_job_that_ran_out_of_memory_fails_with_the_pods_reason_node_and_log_th
     with RecordedApiServer([replay]) as server:
         with pytest.raises(SlurmJobFailed) as failed:
             job = target(server)
-            run_job(JobRequest("getdata", Command([sys.executable, "-m", "trainer", "fetch"]), 10), job, tmp_path, poll_s=0.01)
+            kubernetes.run_job(JobRequest("getdata", Command([sys.executable, "-m", "trainer", "fetch"]), 10), job, tmp_path, manifests, poll_s=0.01)
     (body,) = server.created()
     name = body["metadata"]["name"]
     # what was rendered, every field through the client's V1Job model and back: the command in the
@@ -151,7 +153,7 @@ def test_a_training_job_that_succeeded_is_a_pytorchjob_created_at_the_kubeflow_r
     # a Kubeflow v1 job's recorded status (the JobStatus PyTorchJob shares)
     with RecordedApiServer([Replay([recorded("jaxjob-status-succeeded.yaml")])]) as server:
         request = JobRequest("gpt-train", Command(["torchrun", "--nnodes", "$NNODES"]), 60, nodes=2, gpus_per_node=8)
-        assert run_job(request, target(server), tmp_path, poll_s=0.01) == [0, 0]
+        assert kubernetes.run_job(request, target(server), tmp_path, manifests, poll_s=0.01) == [0, 0]
     (create,) = server.sent("POST")
     assert create.path == "/apis/kubeflow.org/v1/namespaces/training/pytorchjobs"
     assert create.body["kind"] == "PyTorchJob" and invalid(create.body) == []
@@ -169,7 +171,7 @@ def test_an_indexed_job_that_failed_as_a_whole_fails_every_index(tmp_path):
                 for i in range(2)]
     replay = Replay([recorded("job-status-backoff-limit-exceeded.json")], [OOM_KILLED])
     with RecordedApiServer([replay]) as server:
-        outcomes = run_array(requests, target(server), tmp_path, poll_s=0.01)
+        outcomes = kubernetes.run_array(requests, target(server), tmp_path, manifests, poll_s=0.01)
     (body,) = server.created()
     assert body["spec"]["completionMode"] == "Indexed" and body["spec"]["completions"] == 2 and invalid(body) == []
     assert [o.state for o in outcomes] == ["OUT_OF_MEMORY", "OUT_OF_MEMORY"]
@@ -187,7 +189,7 @@ def test_an_exception_while_following_deletes_the_job_with_foreground_propagatio
 
     with RecordedApiServer([Replay([recorded("job-status-running.json")], [OOM_KILLED])]) as server:
         with pytest.raises(Hung):
-            run_job(JobRequest("getdata", Command(["true"]), 10), target(server), tmp_path, poll_s=0.01, on_poll=hang)
+            kubernetes.run_job(JobRequest("getdata", Command(["true"]), 10), target(server), tmp_path, manifests, poll_s=0.01, on_poll=hang)
     (delete,) = server.sent("DELETE")
     name = server.created()[0]["metadata"]["name"]
     assert delete.path == f"/apis/batch/v1/namespaces/training/jobs/{name}"
@@ -199,7 +201,7 @@ def test_a_job_past_the_wait_is_deleted_once_and_fails_cancelled(tmp_path):
     what was asked, not an error hiding the outcome."""
     with RecordedApiServer([Replay([recorded("job-status-running.json")], [OOM_KILLED])]) as server:
         with pytest.raises(SlurmJobFailed) as failed:
-            run_job(JobRequest("getdata", Command(["true"]), 10), target(server), tmp_path, poll_s=0.01, max_wait_s=0)
+            kubernetes.run_job(JobRequest("getdata", Command(["true"]), 10), target(server), tmp_path, manifests, poll_s=0.01, max_wait_s=0)
     assert failed.value.state == "CANCELLED"
     assert len(server.sent("DELETE")) == 1
 
@@ -208,7 +210,7 @@ def test_training_runs_on_the_nodes_precompile_ran_on_and_leaves_out_a_lost_one(
     """precompile's PyTorchJob ran on two nodes; training, pinned to them, loses one to a NoExecute
     taint (NODE_FAIL), and the shared attempt loop resubmits it on the other node only, where it
     succeeds."""
-    from jobs.executor import job_nodes, on_nodes
+    from tasks.executor import job_nodes, on_nodes
     from tasks.attempts import MetricsFollower, run_attempts
 
     done = recorded("jaxjob-status-succeeded.yaml")
@@ -225,8 +227,8 @@ def test_training_runs_on_the_nodes_precompile_ran_on_and_leaves_out_a_lost_one(
         eks = target(server, tmp_path)
         spec = eks.spec
         precompile = []
-        run_job(JobRequest("gpt-precompile", Command(["torchrun"]), 10, nodes=2, gpus_per_node=8), eks,
-                tmp_path, poll_s=0.01, on_submit=precompile.append)
+        kubernetes.run_job(JobRequest("gpt-precompile", Command(["torchrun"]), 10, nodes=2, gpus_per_node=8), eks,
+                tmp_path, manifests, poll_s=0.01, on_submit=precompile.append)
         pinned = on_nodes(eks, job_nodes(precompile[0]))
         follower = MetricsFollower(spec, tmp_path / "metrics.jsonl", 10, 600)
         attempts = run_attempts(spec, pinned, follower, max_restarts=1, prepare=lambda attempt: JobRequest(
@@ -276,8 +278,8 @@ def test_a_terminated_flow_process_deletes_its_job_within_a_second(tmp_path):
 
             threading.Thread(target=terminate_once_followed, daemon=True).start()
             with pytest.raises(SystemExit):
-                run_job(JobRequest("gpt-train", Command(["torchrun"]), 60, nodes=2, gpus_per_node=8), target(server),
-                        tmp_path, poll_s=5.0)
+                kubernetes.run_job(JobRequest("gpt-train", Command(["torchrun"]), 60, nodes=2, gpus_per_node=8), target(server),
+                        tmp_path, manifests, poll_s=5.0)
     finally:
         signal.signal(signal.SIGTERM, previous)
     (delete,) = server.sent("DELETE")

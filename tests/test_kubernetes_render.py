@@ -15,7 +15,7 @@ from jobs.node import Command
 from pretrain.presets import load_spec
 from render import kubernetes
 from tasks.dry_run import render_files
-from tests.kubernetes_schemas import invalid
+from kubernetes_schemas import invalid
 
 pytestmark = pytest.mark.pure
 

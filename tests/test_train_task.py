@@ -452,7 +452,7 @@ def test_only_the_node_slurm_holds_failed_is_excluded_from_the_next_attempt(loca
     """After NODE_FAIL the job's node list names every node it ran on; the one to leave out is
     the one Slurm now holds down or drained (here: this cluster's node, drained for the test)."""
     from blocks.cluster import SlurmCluster
-    from jobs.executor import excluded_after
+    from tasks.executor import excluded_after
     from jobs.slurm import SlurmJobFailed
 
     (node,) = set(subprocess.run(["sinfo", "-h", "-N", "-o", "%N"], capture_output=True, text=True,

@@ -17,6 +17,7 @@ from jobs import kubernetes, slurm
 from jobs.nodes import expand_nodes, unhealthy_nodes
 from jobs.kubernetes import KubernetesTarget, SubmittedJob
 from jobs.slurm import JobRequest, MissingClusterBlock, SlurmJobFailed
+from render import kubernetes as manifests
 
 Cluster = SlurmCluster | KubernetesTarget
 Job = submitit.Job | SubmittedJob
@@ -47,7 +48,7 @@ def cluster_for(spec: Any) -> Cluster:
         raise ValueError(f"cluster.executor={spec.cluster.executor} is a Slurm setting; cluster.block={block} "
                          "runs on Kubernetes: leave cluster.executor at auto")
     target = KubernetesTarget(load_kubernetes_block(block.removeprefix(KUBERNETES_PREFIX)), spec)
-    kubernetes.manifests.check_paths(target.cluster, spec)
+    manifests.check_paths(target.cluster, spec)
     return target
 
 
@@ -63,14 +64,14 @@ def run_job(request: JobRequest, cluster: Cluster, folder: Path, poll_s: float =
             max_wait_s: float | None = None, on_poll: Callable[[], None] | None = None,
             on_submit: Callable[[Job], None] | None = None) -> list[Any]:
     if isinstance(cluster, KubernetesTarget):
-        return kubernetes.run_job(request, cluster, folder, poll_s, max_wait_s, on_poll, on_submit)
+        return kubernetes.run_job(request, cluster, folder, manifests, poll_s, max_wait_s, on_poll, on_submit)
     return slurm.run_job(request, cluster, folder, poll_s, max_wait_s, on_submit=on_submit, on_poll=on_poll)
 
 
 def run_array(requests: list[JobRequest], cluster: Cluster, folder: Path,
               poll_s: float = 2.0, max_wait_s: float | None = None) -> list[list[Any] | SlurmJobFailed]:
     if isinstance(cluster, KubernetesTarget):
-        return kubernetes.run_array(requests, cluster, folder, poll_s, max_wait_s)
+        return kubernetes.run_array(requests, cluster, folder, manifests, poll_s, max_wait_s)
     return slurm.run_array(requests, cluster, folder, poll_s, max_wait_s)
 
 
