@@ -17,7 +17,6 @@ import sys
 import threading
 from pathlib import Path
 import time
-import uuid
 from collections import deque
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Protocol
