@@ -57,8 +57,10 @@ class Command:
     ``$NODE_RANK``, ``$MASTER_ADDR`` and the other names of :func:`distributed_environment`
     are expanded in ``argv``, so a torchrun line can be written once for every node.
 
-    ``sidecar``: a program started beside it on the same node (the device sampler), ended with
-    SIGTERM once the program has ended, whatever its outcome.
+    ``sidecar``: the arguments of a Python program (the device sampler, ``-m trainer monitor ...``)
+    started beside it on the same node by the interpreter that runs this command: the job's own,
+    which has this project wherever the job runs, in a container too. It is ended with SIGTERM
+    once the program has ended, whatever its outcome.
     """
 
     argv: list[str]
@@ -75,8 +77,8 @@ class Command:
         argv = [string.Template(arg).safe_substitute(dist) for arg in self.argv]
         env = {**os.environ, **dist, **self.env}
         print(f"[rank {dist['RANK']}] $ {' '.join(argv)}", flush=True)
-        beside = subprocess.Popen([string.Template(arg).safe_substitute(dist) for arg in self.sidecar], env=env,
-                                  cwd=self.cwd, stdout=sys.stdout, stderr=sys.stderr) if self.sidecar else None
+        beside = subprocess.Popen([sys.executable, *(string.Template(arg).safe_substitute(dist) for arg in self.sidecar)],
+                                  env=env, cwd=self.cwd, stdout=sys.stdout, stderr=sys.stderr) if self.sidecar else None
         try:
             return self._run(argv, env)
         finally:

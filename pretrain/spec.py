@@ -233,6 +233,8 @@ class TrainingSpec(Strict):
     seed: int = 1234
     precision: Literal["bf16", "fp32", "mixed_precision"] = "bf16"
     benchmark: bool = Field(False, description="Fixed steps, no evaluation: the nightly benchmark mode.")
+    monitor_interval_s: float = Field(5.0, gt=0, description="Seconds between the device sampler's samples "
+                                      "(python -m trainer monitor, one per node beside the ranks, every backend).")
 
     @model_validator(mode="after")
     def _steps_xor_samples(self) -> TrainingSpec:
@@ -438,8 +440,6 @@ class NativeSpec(Restarts):
     stop_signal_delay_s: int = Field(90, ge=0, description="Ask Slurm for USR2 this long before the time "
                                      "limit, so the trainer checkpoints and exits in time.")
     export_hf: bool = Field(True, description="Export the final model as HF safetensors + config.json.")
-    monitor_interval_s: float = Field(5.0, gt=0, description="Seconds between the device sampler's samples "
-                                      "(python -m trainer monitor, one per node beside the ranks).")
 
 
 class BackendSpec(Strict):

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 from jobs.node import Command
 from pretrain.spec import MegatronLMSpec, PretrainSpec
 from render.dataset_files import blend, gpt2_bpe_files
+from render.monitor import monitor_command
 from render.shell import shell_line
 from trainer.run_layout import checkpoint_dir
 
@@ -94,10 +95,10 @@ def torchrun_command(spec: PretrainSpec, data_prefix: str, checkpoint_dir: str) 
 
 def node_command(spec: PretrainSpec, dataset: str, run: Path) -> Command:
     """Each node's torchrun line, its output kept in the run directory (pipefail: the line's
-    exit status is torchrun's, not tee's)."""
+    exit status is torchrun's, not tee's), the device sampler beside it."""
     line = shell_line(torchrun_command(spec, dataset, str(checkpoint_dir(run))))
     return Command(["bash", "-c", f"set -o pipefail; {line} 2>&1 | tee -a {shlex.quote(str(run))}/node-$NODE_RANK.log"],
-                   env=environment())
+                   env=environment(), sidecar=monitor_command(spec, str(run)))
 
 
 def in_container(cluster: SlurmCluster | KubernetesTarget, spec: PretrainSpec,

@@ -84,13 +84,6 @@ def environment(spec: PretrainSpec) -> dict[str, str]:
             "TORCH_ELASTIC_SHUTDOWN_TIMEOUT": str(max(30, spec.backend.native.stop_signal_delay_s))}
 
 
-def monitor_command(spec: PretrainSpec, run_dir: str, python: str = "python") -> list[str]:
-    """The device sampler beside torchrun on every node: ``<run>/devices/<node>.jsonl``, and TensorBoard."""
-    run = Path(run_dir)
-    return [python, "-m", "trainer", "monitor", "--dir", str(run / "devices"), "--tensorboard", str(run / "tensorboard"),
-            "--interval", str(spec.backend.native.monitor_interval_s)]
-
-
 def torchrun_command(spec: PretrainSpec, config_path: str, record_path: str, python: str = "python") -> list[str]:
     return [python, "-m", "torch.distributed.run", "--nnodes", "$NNODES", "--node_rank", "$NODE_RANK",
             "--nproc_per_node", str(spec.cluster.devices_per_node), "--master_addr", "$MASTER_ADDR",

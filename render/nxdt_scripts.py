@@ -7,8 +7,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from jobs.node import Command
 from pretrain.spec import PretrainSpec
 from render import nxdt
+from render.monitor import monitor_command
 from render.shell import node_path, shell_line, shell_word
 
 CONFIG_NAME = "nxdt_config"  # conf/<name>.yaml; train's torchrun line names the same config
@@ -104,3 +106,8 @@ def train_script(spec: PretrainSpec, run: Path, cache_url: str | None) -> str:
     return node_script(spec, "NxDT training on this node (train.sh)", train_environment(spec, cache_url),
                        str(run / "conf"), str(run), nxdt.torchrun_command(spec, CONFIG_NAME, str(log_dir(run))),
                        TRAIN_LOG)
+
+
+def node_command(spec: PretrainSpec, script: Path, run: Path) -> Command:
+    """Each node's train.sh (one task per node), the device sampler beside it."""
+    return Command(["bash", str(script)], sidecar=monitor_command(spec, str(run)))

@@ -20,6 +20,7 @@ from jobs.slurm import JobRequest, ends_cancelled, stage_request
 from pretrain.spec import PretrainSpec
 from render import native
 from render.dataset_files import eod_id
+from render.monitor import monitor_command
 from tasks.artifacts import native_compile_rows, retryable
 from tasks.attempts import MetricsFollower, finish_run, run_attempts, run_dir
 
@@ -45,7 +46,7 @@ def train(spec: PretrainSpec, dataset: str, data_dir: str, nodelist: list[str] |
         cluster = on_nodes(cluster, nodelist)
     command = Command(native.torchrun_command(spec, str(config_path), str(record_path), python=sys.executable),
                       env=native.environment(spec),
-                      sidecar=native.monitor_command(spec, str(directory), python=sys.executable))
+                      sidecar=monitor_command(spec, str(directory)))
     follower = MetricsFollower(spec, directory / "metrics.jsonl", config["steps"], n.hang_timeout_min * 60,
                                devices_dir=directory / "devices")
 

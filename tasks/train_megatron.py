@@ -38,7 +38,7 @@ def train_megatron(spec: PretrainSpec, dataset: str, image: str | None = None) -
     cluster = in_container(cluster_for(spec), spec, image)
     command = node_command(spec, dataset, run)
     follower = MetricsFollower(spec, run / f"node-{spec.cluster.nodes - 1}.log", spec.training.train_steps or 0,
-                               settings.hang_timeout_min * 60)
+                               settings.hang_timeout_min * 60, devices_dir=run / "devices")
     request = stage_request(spec, f"{spec.name}-train", command)
     attempts = run_attempts(spec, cluster, follower, settings.max_restarts, prepare=lambda attempt: request)
     return finish_run(spec, follower, attempts, job_completed(attempts.history[-1]["outcome"]), [],

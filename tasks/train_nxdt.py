@@ -24,13 +24,12 @@ from typing import Any
 from prefect import task
 from prefect.logging import get_run_logger
 
-from jobs.node import Command
 from tasks.executor import cluster_for, on_nodes
 from jobs.slurm import JobRequest, ends_cancelled, stage_request
 from pretrain.neuron_compile import training_compiles
 from pretrain.spec import PretrainSpec
 from render.nxdt import config_yaml
-from render.nxdt_scripts import CONFIG_NAME, TRAIN_LOG, log_dir, node_name, train_config, train_script
+from render.nxdt_scripts import CONFIG_NAME, TRAIN_LOG, log_dir, node_command, node_name, train_config, train_script
 from tasks.artifacts import retryable
 from tasks.attempts import MetricsFollower, finish_run, job_completed, run_attempts, run_dir
 from trainer.run_layout import checkpoint_dir
@@ -80,7 +79,7 @@ def train_nxdt(spec: PretrainSpec, dataset: str, checkpoint: str | None = None,
     script = run / "train.sh"
     script.write_text(train_script(spec, run, precompiled and precompiled.get("compile_cache_url")))
     follower = MetricsFollower(spec, run / "node-0" / TRAIN_LOG, spec.training.train_steps or 0,
-                               n.hang_timeout_min * 60)
+                               n.hang_timeout_min * 60, devices_dir=run / "devices")
 
     def prepare(attempt: int) -> JobRequest:
         resume = newest_checkpoint(checkpoint_dir(log_dir(run)))
@@ -88,7 +87,7 @@ def train_nxdt(spec: PretrainSpec, dataset: str, checkpoint: str | None = None,
             logger.info("train attempt %d resumes from %s", attempt + 1, resume)
         config = train_config(spec, dataset, checkpoint, resume)
         (run / "conf" / f"{CONFIG_NAME}.yaml").write_text(config_yaml(config))
-        return stage_request(spec, f"{spec.name}-train", Command(["bash", str(script)]))
+        return stage_request(spec, f"{spec.name}-train", node_command(spec, script, run))
 
     attempts = run_attempts(spec, cluster, follower, n.max_restarts, prepare)
     final = newest_checkpoint(checkpoint_dir(log_dir(run)))

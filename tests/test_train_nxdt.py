@@ -141,3 +141,19 @@ def test_megatron_lm_nodes_log_beside_the_run_and_resume_from_their_own_checkpoi
     assert script == f"set -o pipefail; {line} 2>&1 | tee -a {tmp_path}/node-$NODE_RANK.log"
     argv = line.split()
     assert argv[argv.index("--save") + 1] == argv[argv.index("--load") + 1] == str(tmp_path / "checkpoints")
+
+
+def test_every_backend_runs_the_device_sampler_beside_its_launch_on_each_node(spec, tmp_path):
+    """NxDT's train.sh and Megatron-LM's torchrun line carry the same sampler as the native
+    trainer: run by the job's own Python (in the image when the job runs in one), every
+    ``training.monitor_interval_s``, into the run's devices/ and TensorBoard."""
+    from render.megatron_lm import node_command as megatron_node_command
+    from render.nxdt_scripts import node_command as nxdt_node_command
+
+    expected = ["-m", "trainer", "monitor", "--dir", str(tmp_path / "devices"),
+                "--tensorboard", str(tmp_path / "tensorboard"), "--interval", "2.0"]
+    nxdt = load_spec("llama3-70b", ["model.init_from=/fsx/Meta-Llama-3-70B", "training.monitor_interval_s=2"])
+    command = nxdt_node_command(nxdt, tmp_path / "train.sh", tmp_path)
+    assert command.argv == ["bash", str(tmp_path / "train.sh")] and command.sidecar == expected
+    megatron = load_spec("gpt3-7.5b-gpu", ["training.monitor_interval_s=2"])
+    assert megatron_node_command(megatron, "/fsx/data/oscar_text_document", tmp_path).sidecar == expected
