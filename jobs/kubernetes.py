@@ -329,9 +329,10 @@ def _pods(api: KubernetesApi, job: SubmittedJob) -> list[tuple[str, PodOutcome]]
 
 def wait_all(api: KubernetesApi, jobs: list[SubmittedJob], names: list[str], poll_s: float = 5.0,
              max_wait_s: float | None = None, on_poll: Callable[[], None] | None = None,
-             ) -> list[PodOutcome | SlurmJobFailed]:
-    """Follow ``jobs`` to their ends, their pods' logs streamed into the task's log; a
-    cancelled flow run deletes them and raises :class:`FlowRunCancelled`."""
+             on_line: Callable[[str, str], None] | None = None) -> list[PodOutcome | SlurmJobFailed]:
+    """Follow ``jobs`` to their ends, their pods' logs streamed into the task's log (and to
+    ``on_line``, with the pod's name); a cancelled flow run deletes them and raises
+    :class:`FlowRunCancelled`."""
     logger = _logger()
     outcomes: list[PodOutcome | SlurmJobFailed | None] = [None] * len(jobs)
     deadline = None if max_wait_s is None else time.monotonic() + max_wait_s
@@ -347,6 +348,8 @@ def wait_all(api: KubernetesApi, jobs: list[SubmittedJob], names: list[str], pol
                 time.sleep(0.5)  # the log streams deliver the last lines as the pods end
             for pod, line in job.logs.read_new():
                 logger.info("[%s] %s", pod, line)
+                if on_line is not None:
+                    on_line(pod, line)
             if outcome.state:
                 pending.remove(i)
                 outcomes[i] = outcome if outcome.state == "COMPLETED" else SlurmJobFailed(
@@ -396,14 +399,15 @@ def run_job(request: JobRequest, target: KubernetesTarget, folder: Path, manifes
 
 
 def run_array(requests: list[JobRequest], target: KubernetesTarget, folder: Path, manifests: Manifests,
-              poll_s: float = 5.0, max_wait_s: float | None = None) -> list[list[int] | SlurmJobFailed]:
+              poll_s: float = 5.0, max_wait_s: float | None = None,
+              on_line: Callable[[str, str], None] | None = None) -> list[list[int] | SlurmJobFailed]:
     """Same-shaped requests as one Indexed Job; every index's outcome (an index that failed is a
     :class:`SlurmJobFailed`, the others ``[0]``)."""
     api = KubernetesApi(target.cluster)
     job = submit(api, requests, target, folder, requests[0].name.split("-")[0], manifests)
     _logger().info("submitted %d x %s as Indexed Job %s", len(requests), requests[0].name, job.job_id)
     try:
-        (outcome,) = wait_all(api, [job], [requests[0].name], poll_s, max_wait_s)
+        (outcome,) = wait_all(api, [job], [requests[0].name], poll_s, max_wait_s, on_line=on_line)
         # an index the job lists as failed failed; a job ended as a whole (deleted, past its
         # deadline) failed every index that had not finished
         failed = (failed_indexes(_status(api, job) or {}) or set(range(len(requests)))

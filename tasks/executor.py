@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Hashable, Iterable
 
 import submitit
 
@@ -68,11 +68,14 @@ def run_job(request: JobRequest, cluster: Cluster, folder: Path, poll_s: float =
     return slurm.run_job(request, cluster, folder, poll_s, max_wait_s, on_submit=on_submit, on_poll=on_poll)
 
 
-def run_array(requests: list[JobRequest], cluster: Cluster, folder: Path,
-              poll_s: float = 2.0, max_wait_s: float | None = None) -> list[list[Any] | SlurmJobFailed]:
+def run_array(requests: list[JobRequest], cluster: Cluster, folder: Path, poll_s: float = 2.0,
+              max_wait_s: float | None = None,
+              on_line: Callable[[Hashable, str], None] | None = None) -> list[list[Any] | SlurmJobFailed]:
+    """``on_line`` sees each streamed log line with its source: the job's index in ``requests``
+    on Slurm, the pod's name on Kubernetes (an Indexed Job's pods are its tasks)."""
     if isinstance(cluster, KubernetesTarget):
-        return kubernetes.run_array(requests, cluster, folder, manifests, poll_s, max_wait_s)
-    return slurm.run_array(requests, cluster, folder, poll_s, max_wait_s)
+        return kubernetes.run_array(requests, cluster, folder, manifests, poll_s, max_wait_s, on_line)
+    return slurm.run_array(requests, cluster, folder, poll_s, max_wait_s, on_line)
 
 
 def on_nodes(cluster: Cluster, nodes: Iterable[str]) -> Cluster:

@@ -18,7 +18,7 @@ import shutil
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Hashable
 
 from prefect import task
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
@@ -53,13 +53,14 @@ class ShardProgress:
 
     def __init__(self, shards: int, every_s: float = PROGRESS_EVERY_S, clock=time.monotonic):
         self.shards, self.every_s, self.clock = shards, every_s, clock
-        self.latest: dict[int, dict[str, float]] = {}
+        self.latest: dict[Hashable, dict[str, float]] = {}
         self.logged_at = clock()
 
-    def __call__(self, job: int, line: str) -> None:
+    def __call__(self, shard: Hashable, line: str) -> None:
+        """``shard``: where the line came from (a Slurm job's index, a pod's name)."""
         if (progress := preprocess_progress(line)) is None:
             return
-        self.latest[job] = progress
+        self.latest[shard] = progress
         if self.clock() - self.logged_at >= self.every_s:
             self.logged_at = self.clock()
             get_run_logger().info("%s", self.summary())

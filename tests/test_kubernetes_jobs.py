@@ -169,12 +169,16 @@ def test_an_indexed_job_that_failed_as_a_whole_fails_every_index(tmp_path):
     backoff limit) no index can be trusted."""
     requests = [JobRequest(f"tokenize-{i}-of-2", Command(["python", "-m", "trainer", "tokenize", str(i)]), 10)
                 for i in range(2)]
-    replay = Replay([recorded("job-status-backoff-limit-exceeded.json")], [OOM_KILLED])
+    replay = Replay([recorded("job-status-backoff-limit-exceeded.json")], [OOM_KILLED], log=GETDATA_LOG)
+    seen = []  # what tokenize's progress reader gets: each line with the pod it came from
     with RecordedApiServer([replay]) as server:
-        outcomes = kubernetes.run_array(requests, target(server), tmp_path, manifests, poll_s=0.01)
+        outcomes = kubernetes.run_array(requests, target(server), tmp_path, manifests, poll_s=0.01,
+                                        on_line=lambda pod, line: seen.append((pod, line)))
     (body,) = server.created()
     assert body["spec"]["completionMode"] == "Indexed" and body["spec"]["completions"] == 2 and invalid(body) == []
     assert [o.state for o in outcomes] == ["OUT_OF_MEMORY", "OUT_OF_MEMORY"]
+    assert [line for _, line in seen] == GETDATA_LOG.splitlines()
+    assert {pod.startswith(body["metadata"]["name"]) for pod, _ in seen} == {True}
 
 
 def test_an_exception_while_following_deletes_the_job_with_foreground_propagation(tmp_path):
