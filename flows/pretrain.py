@@ -41,6 +41,7 @@ from tasks.train import train
 from tasks.train_artifacts import publish_run_summary
 from tasks.train_megatron import train_megatron
 from tasks.train_nxdt import train_nxdt
+from tasks.train_torchtitan import train_torchtitan
 
 Stage = Literal["fetch", "tokenize", "convert", "precompile", "image", "train"]
 STAGES: tuple[str, ...] = get_args(Stage)
@@ -80,6 +81,11 @@ def run_stages(spec: PretrainSpec, stages: list[str] | None = None,
     data_dir = stage("fetch", fetch, spec, reuse_only="fetch" not in selected)
     outputs["fetch"] = data_dir
     if selected <= {"fetch"}:
+        return outputs, stage.seconds
+    if spec.backend.kind == "torchtitan":
+        # torchtitan's loader tokenizes the fetched JSONL as it reads it: no tokenize stage
+        if "train" in selected:
+            outputs["train"] = stage("train", train_torchtitan, spec, data_dir)
         return outputs, stage.seconds
     dataset = stage("tokenize", tokenize, spec, data_dir, reuse_only="tokenize" not in selected)
     outputs["tokenize"] = dataset

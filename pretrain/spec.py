@@ -442,11 +442,65 @@ class NativeSpec(Restarts):
     export_hf: bool = Field(True, description="Export the final model as HF safetensors + config.json.")
 
 
+# torchtitan 0.3.0's Llama 3 flavours (``model_registry`` in torchtitan/models/llama3/__init__.py):
+# layers, hidden, heads, KV heads, vocabulary. The model is torchtitan's, so the spec's shape must
+# be the flavour's, or the loss curve and the HF weights would belong to another model.
+TORCHTITAN_FLAVOURS: dict[str, tuple[int, int, int, int, int]] = {
+    "debugmodel": (6, 256, 16, 16, 2048), "8B": (32, 4096, 32, 8, 128256), "70B": (80, 8192, 64, 8, 128256)}
+# The schedules torchtitan hands to torch.distributed.pipelining's get_schedule_class.
+PIPELINE_SCHEDULES = ("1F1B", "Interleaved1F1B", "GPipe", "LoopedBFS", "InterleavedZeroBubble", "ZBVZeroBubble")
+
+
+class TorchtitanSpec(Restarts):
+    """torchtitan's trainer (``python -m torchtitan.train``), a config function of its registry
+    with the spec's values as ``--section.key`` overrides (render/torchtitan.py)."""
+
+    device: Literal["cuda", "neuron"] = Field("cuda", description="cuda: NVIDIA GPUs; neuron: Trainium through "
+                                              "TorchNeuron (AWS's torchtitan-neuron fork), one rank per NeuronCore.")
+    flavour: Literal["debugmodel", "8B", "70B"] = Field(description="torchtitan's Llama 3 model flavour; "
+                                                         "model.* must have its shape.")
+    module: str = Field("llama3", description="--module: torchtitan's model module (torchtitan-neuron's is "
+                        "torchtitan_neuron.models.llama3).")
+    config: str | None = Field(None, description="--config: the registry function; default llama3_<flavour> "
+                               "(llama3_debugmodel, llama3_8b, llama3_70b).")
+    data_parallel_replicate: int = Field(1, gt=0, description="HSDP replicas; the data-parallel ranks are "
+                                         "sharded within each (data_parallel_shard_degree = dp / this).")
+    pipeline_schedule: str = Field("1F1B", description=f"With parallel.pp > 1: one of {', '.join(PIPELINE_SCHEDULES)}.")
+    activation_checkpointing: Literal["none", "selective", "full"] = "selective"
+    compile: bool = Field(False, description="torch.compile the model (inductor; the neuron backend on Trainium).")
+    async_checkpoint: Literal["disabled", "async", "async_with_pinned_mem"] = Field(
+        "async", description="checkpoint.async_mode: DCP saves in the background.")
+    checkpoint_keep: int = Field(3, ge=0, description="checkpoint.keep_latest_k; 0 keeps all, and torchtitan "
+                                 "refuses 1 (the newest may be mid-save).")
+    log_freq: int = Field(10, gt=0, description="metrics.log_freq: steps between step lines.")
+
+    @field_validator("checkpoint_keep")
+    @classmethod
+    def _two_replicas(cls, value: int) -> int:
+        if value == 1:
+            raise ValueError("backend.torchtitan.checkpoint_keep=1: torchtitan keeps at least 2 (the newest may "
+                             "still be saving); use 2 or more, or 0 for all")
+        return value
+
+    @field_validator("pipeline_schedule")
+    @classmethod
+    def _schedule(cls, value: str) -> str:
+        if value not in PIPELINE_SCHEDULES:
+            raise ValueError(f"backend.torchtitan.pipeline_schedule={value!r}: choose one of "
+                             f"{', '.join(PIPELINE_SCHEDULES)}")
+        return value
+
+    @property
+    def config_function(self) -> str:
+        return self.config or f"llama3_{self.flavour.lower()}"
+
+
 class BackendSpec(Strict):
-    kind: Literal["native", "neuron", "megatron-lm"] = "native"
+    kind: Literal["native", "neuron", "megatron-lm", "torchtitan"] = "native"
     native: NativeSpec = NativeSpec()
     neuron: NeuronSpec | None = None
     megatron_lm: MegatronLMSpec | None = None
+    torchtitan: TorchtitanSpec | None = None
 
     @model_validator(mode="after")
     def _settings_for_kind(self) -> BackendSpec:
@@ -535,6 +589,8 @@ class PretrainSpec(Strict):
         self._check_heads()
         if self.backend.kind == "neuron":
             self._check_nxdt()
+        if self.backend.kind == "torchtitan":
+            self._check_torchtitan()
         if self.backend.kind == "native":
             # FSDP2 over the data-parallel ranks and DTensor tp are the native trainer's parallelism;
             # the rest is NxDT's and Megatron-LM's, and a native run would silently ignore it.
@@ -603,6 +659,35 @@ class PretrainSpec(Strict):
         if p.cp > 1 and not neuron.fusions.get("ring_attention"):
             raise ValueError(f"parallel.cp={p.cp} needs ring attention on NxD: set "
                              "backend.neuron.fusions.ring_attention=true (and flash_attention=false)")
+
+    def _check_torchtitan(self) -> None:
+        """What torchtitan 0.3.0 would refuse, or train differently from the spec, refused here
+        (ParallelDims in torchtitan/distributed/parallel_dims.py; docs/render.md)."""
+        p, m, t, titan = self.parallel, self.model, self.training, self.backend.torchtitan
+        layers, hidden, heads, kv_heads, vocab = TORCHTITAN_FLAVOURS[titan.flavour]
+        given = (m.num_layers, m.hidden_size, m.num_attention_heads, m.kv_heads, m.vocab_size)
+        if m.family != "llama" or given != (layers, hidden, heads, kv_heads, vocab):
+            raise ValueError(f"model: backend.torchtitan.flavour={titan.flavour} is a Llama 3 of {layers} layers, "
+                             f"hidden {hidden}, {heads} heads, {kv_heads} KV heads, vocabulary {vocab}; the spec "
+                             f"has family={m.family}, {given}: set model.* to the flavour's shape or change the flavour")
+        if self.dp % titan.data_parallel_replicate:
+            raise ValueError(f"backend.torchtitan.data_parallel_replicate={titan.data_parallel_replicate} does not "
+                             f"divide the {self.dp} data-parallel ranks (world / (tp x pp x cp)): torchtitan needs "
+                             "replicate x shard x tp x pp x cp = world size; change it or the node count")
+        if self.tokenizer.type != "hf":
+            raise ValueError(f"tokenizer.type={self.tokenizer.type}: torchtitan reads a Hugging Face tokenizer "
+                             "directory (hf_assets_path); use tokenizer.type=hf")
+        if self.data.blend or self.data.json_keys != ["text"]:
+            raise ValueError("data.blend / data.json_keys: torchtitan's loader reads the fetched JSONL's 'text' "
+                             "field and blends nothing; set data.json_keys=[text] and data.blend=[]")
+        if p.sequence_parallel or p.pipeline_cuts:
+            raise ValueError("parallel.sequence_parallel / parallel.pipeline_cuts: torchtitan shards sequences "
+                             "with tp itself and splits stages evenly; reset them")
+        if t.lr_decay_style == "constant":
+            raise ValueError("training.lr_decay_style=constant: torchtitan decays linear, sqrt or cosine; pick one")
+        if titan.device == "neuron" and titan.async_checkpoint == "async_with_pinned_mem":
+            raise ValueError("backend.torchtitan.async_checkpoint=async_with_pinned_mem pins CUDA host memory; "
+                             "use async on device=neuron")
 
     def _check_heads(self) -> None:
         """The head rules of trainer/model_shape.py, as the backend's trainer or converter asks them."""

@@ -20,7 +20,7 @@ from jobs.node import Command
 from jobs.slurm import MissingClusterBlock, job_folder, load_cluster_block, slurm_parameters, stage_request
 from pretrain.hub_refs import with_local_values
 from pretrain.spec import PretrainSpec
-from render import image, kubernetes, megatron_lm, native, nxdt
+from render import image, kubernetes, megatron_lm, native, nxdt, torchtitan
 from render.convert_command import convert_command
 from render.hub_downloads import hub_downloads, hub_placeholders
 from render.dataset_files import arrow_output, tokenizer_paths
@@ -84,6 +84,8 @@ def kubernetes_files(spec: PretrainSpec, cluster: KubernetesCluster, files: dict
         nodes = ("<precompile-nodes>",)
     if spec.backend.kind == "megatron-lm":
         train = megatron_lm.node_command(spec, f"{DATASET}/data_text_document", Path(TRAIN_RUN))
+    elif spec.backend.kind == "torchtitan":
+        train = torchtitan.node_command(spec, FETCHED, Path(TRAIN_RUN), spec.model.init_from)
     elif spec.backend.kind == "native":
         train = Command(["bash", "-c", files["torchrun.sh"]], env=native.environment(spec))
     else:
@@ -110,8 +112,9 @@ def render_files(spec: PretrainSpec, cluster: SlurmCluster | KubernetesCluster |
         # the stages after fetch read the Hub's files from the shared disk, never a URI
         spec = with_local_values(spec, hub_placeholders(spec))
     tokenizer = {flag: str(path) for flag, path in tokenizer_paths(spec, Path(FETCHED)).items()}
-    files["tokenize.sh"] = _shell(tokenize_command(spec, [FETCHED], f"{DATASET}/data", tokenizer,
-                                                   shard=None if arrow_output(spec) else "$SHARD/$SHARDS"))
+    if spec.backend.kind != "torchtitan":  # torchtitan tokenizes as it loads
+        files["tokenize.sh"] = _shell(tokenize_command(spec, [FETCHED], f"{DATASET}/data", tokenizer,
+                                                       shard=None if arrow_output(spec) else "$SHARD/$SHARDS"))
     if spec.backend.kind == "neuron":
         init = CONVERTED if spec.model.init_from else None
         if spec.model.init_from:
@@ -141,8 +144,12 @@ def render_files(spec: PretrainSpec, cluster: SlurmCluster | KubernetesCluster |
         files["torchrun.sh"] = _shell(megatron_lm.torchrun_command(spec, f"{DATASET}/data_text_document",
                                                                 str(checkpoint_dir(TRAIN_RUN))))
         cluster = in_container(cluster, spec, f"{IMAGE_DIR}/{image.SQUASHFS}" if built else None)
+    elif spec.backend.kind == "torchtitan":
+        files["train_env.sh"] = _exports(torchtitan.environment(spec))
+        files["torchrun.sh"] = _shell(torchtitan.torchrun_command(spec, FETCHED, TRAIN_RUN, spec.model.init_from))
     # One batch script per job the run submits, shaped as the tasks shape them.
-    files["sbatch_tokenize.sh"] = _sbatch(spec, site, "tokenize-<i>-of-<n>", nodes=1, gpus_per_node=None)
+    if "tokenize.sh" in files:
+        files["sbatch_tokenize.sh"] = _sbatch(spec, site, "tokenize-<i>-of-<n>", nodes=1, gpus_per_node=None)
     if "convert.sh" in files:
         files["sbatch_convert.sh"] = _sbatch(spec, site, f"{spec.name}-convert", nodes=1, gpus_per_node=None)
     if "build_image.sh" in files:

@@ -14,7 +14,8 @@ from pretrain.presets import SpecError, apply_overrides, list_presets, load_spec
 pytestmark = pytest.mark.pure  # no stack, no Prefect API: `make check` runs it
 
 RUNBOOK_PRESETS = ["gpt3-6.7b-trn1-16node", "gpt3-7.5b-eks", "gpt3-7.5b-gpu", "llama3-70b", "llama3-70b-cp",
-                   "llama3-70b-trn2", "llama3.1-70b", "megatron-gpt-6.7b", "tiny-local"]
+                   "llama3-70b-gpu", "llama3-70b-trn2", "llama3-70b-trn2-torchneuron", "llama3-8b-gpu", "llama3.1-70b",
+                   "megatron-gpt-6.7b", "tiny-local"]
 
 
 def test_every_runbook_workload_has_a_preset_that_validates():

@@ -1,0 +1,100 @@
+"""torchtitan launch from the spec: the ``python -m torchtitan.train`` arguments and the per-node
+torchrun line (torchtitan's run_train.sh and multinode_trainer.slurm).
+
+torchtitan 0.3.0 has no TOML job file any more: ``torchtitan/config/manager.py`` builds the
+config from a registry function (``--module llama3 --config llama3_8b``) and applies
+``--section.key value`` overrides with tyro. The spec's values are rendered as those overrides,
+so the published configuration is the base and the spec says only what it changes.
+"""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+
+from jobs.node import Command
+from pretrain.spec import PretrainSpec
+from render.monitor import monitor_command
+from render.native import compile_cache_dir, train_steps
+from render.shell import shell_line
+from trainer.run_layout import checkpoint_dir
+
+MASTER_PORT = 29500
+# torchtitan's c4_test entry is ``load_dataset(path, split="train")`` over its "text" field: given
+# the fetch stage's directory of JSONL files it reads them as a local JSON dataset.
+LOCAL_TEXT_DATASET = "c4_test"
+
+
+def train_args(spec: PretrainSpec, data_dir: str, run_dir: str, init_from: str | None = None) -> list[str]:
+    """The overrides, in the order of torchtitan's sections. ``data_dir``: the fetched JSONL;
+    ``init_from``: a local HF checkpoint directory (config.json + safetensors)."""
+    m, p, t, titan = spec.model, spec.parallel, spec.training, spec.backend.torchtitan
+    shard = spec.dp // titan.data_parallel_replicate
+    args = ["--module", titan.module, "--config", titan.config_function,
+            "--hf-assets-path", str(spec.tokenizer.path), "--dump-folder", run_dir,
+            "--training.steps", str(train_steps(spec)), "--training.seq-len", str(m.seq_length),
+            "--training.local-batch-size", str(t.micro_batch_size),
+            "--training.global-batch-size", str(t.global_batch_size), "--training.max-norm", str(t.grad_clip),
+            "--debug.seed", str(t.seed),
+            "--optimizer.param-groups.0.optimizer-kwargs.lr", str(t.lr),
+            "--optimizer.param-groups.0.optimizer-kwargs.weight-decay", str(t.weight_decay),
+            "--lr-scheduler.warmup-steps", str(t.warmup_steps), "--lr-scheduler.decay-type", t.lr_decay_style,
+            "--lr-scheduler.min-lr-factor", str(t.min_lr / t.lr),
+            "--parallelism.data-parallel-replicate-degree", str(titan.data_parallel_replicate),
+            "--parallelism.data-parallel-shard-degree", str(shard),
+            "--parallelism.tensor-parallel-degree", str(p.tp), "--parallelism.pipeline-parallel-degree", str(p.pp),
+            "--parallelism.pipeline-parallel-schedule", titan.pipeline_schedule,
+            "--parallelism.context-parallel-degree", str(p.cp),
+            "--dataloader.dataset", LOCAL_TEXT_DATASET, "--dataloader.dataset-path", data_dir,
+            "--checkpoint.enable", "--checkpoint.folder", str(checkpoint_dir(run_dir)),
+            "--checkpoint.interval", str(t.checkpoint_interval), "--checkpoint.async-mode", titan.async_checkpoint,
+            "--checkpoint.keep-latest-k", str(titan.checkpoint_keep),
+            "--compile.enable" if titan.compile else "--compile.no-enable",
+            "--compile.backend", "neuron" if titan.device == "neuron" else "inductor",
+            "--metrics.log-freq", str(titan.log_freq),
+            # torchtitan validates on a separate dataset (c4_validation, downloaded from the Hub),
+            # which no stage fetches
+            "--validator.no-enable"]
+    if p.pp > 1:
+        # torchtitan's Trainer.Config refuses its default CUDA graphs under pipeline parallelism
+        args.append("--training.disable-cuda-graphs")
+    if init_from:
+        # read only while checkpoint.folder has no step-N: a resumed run loads its own newest
+        args += ["--checkpoint.initial-load-path", init_from, "--checkpoint.initial-load-in-hf"]
+    # tyro's subcommand for the activation checkpointing variant comes after the flags
+    return args + [f"activation-checkpoint:{titan.activation_checkpointing}"]
+
+
+def metrics_rank(spec: PretrainSpec) -> int:
+    """The rank that prints the step lines (``_get_metrics_rank`` in torchtitan/components/metrics.py):
+    0, or under pipeline parallelism the first rank of the last stage, which holds the loss."""
+    pp = spec.parallel.pp
+    if pp == 1 or spec.backend.torchtitan.pipeline_schedule == "ZBVZeroBubble":
+        return 0
+    return spec.world_size // pp * (pp - 1)
+
+
+def environment(spec: PretrainSpec) -> dict[str, str]:
+    """On Trainium the Neuron compiler's cache, shared with the precompile stage."""
+    if spec.backend.torchtitan.device == "neuron":
+        return {"NEURON_COMPILE_CACHE_URL": compile_cache_dir(spec)}
+    return {}
+
+
+def torchrun_command(spec: PretrainSpec, data_dir: str, run_dir: str, init_from: str | None = None) -> list[str]:
+    """One line per node; $NNODES, $NODE_RANK and $MASTER_ADDR come from the Slurm environment.
+    A rank per GPU, or per (logical) NeuronCore on Trainium. As run_train.sh does, every node
+    shows one local rank's output, prefixed ``[rankN]:``: the one whose node holds the metrics rank
+    prints the step lines."""
+    return ["torchrun", "--nnodes", "$NNODES", "--nproc_per_node", str(spec.cluster.devices_per_node),
+            "--node_rank", "$NODE_RANK", "--rdzv_id", spec.name, "--rdzv_backend", "c10d",
+            "--rdzv_endpoint", f"$MASTER_ADDR:{MASTER_PORT}", "--local-ranks-filter", str(metrics_rank(spec) % spec.cluster.devices_per_node), "--role", "rank",
+            "--tee", "3", "-m", "torchtitan.train", *train_args(spec, data_dir, run_dir, init_from)]
+
+
+def node_command(spec: PretrainSpec, data_dir: str, run: Path, init_from: str | None = None) -> Command:
+    """Each node's torchrun line, its output kept in the run directory (pipefail: the line's
+    exit status is torchrun's, not tee's), the device sampler beside it."""
+    line = shell_line(torchrun_command(spec, data_dir, str(run), init_from))
+    return Command(["bash", "-c", f"set -o pipefail; {line} 2>&1 | tee -a {shlex.quote(str(run))}/node-$NODE_RANK.log"],
+                   env=environment(spec), sidecar=monitor_command(spec, str(run)))
