@@ -6,14 +6,14 @@ from __future__ import annotations
 
 import pytest
 
+from torchtitan.config import manager as config_manager
+from torchtitan.distributed.activation_checkpoint import FullAC, SelectiveAC
+
 from pretrain.presets import SpecError, load_spec
 from render.torchtitan import metrics_rank, torchrun_command, train_args
 from tasks.dry_run import render_files
 
 pytestmark = pytest.mark.pure
-
-config_manager = pytest.importorskip("torchtitan.config.manager", reason="the torchtitan extra (pip install -e .[torchtitan])")
-from torchtitan.distributed.activation_checkpoint import FullAC, SelectiveAC  # noqa: E402
 
 
 def parsed(spec, init_from: str | None = "/fsx/Llama-3.1-8B"):
