@@ -19,13 +19,14 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
+import yaml
 
 from blocks.cluster import SlurmCluster
 from deployments import stack
 from deployments.demo import save_credentials_block, seed_corpus
 from deployments.stack.processes import alive
 from pretrain.corpus import corpus_texts
-from pretrain.presets import list_presets
+from pretrain.presets import list_presets, load_spec
 from pretrain.toy_tokenizers import llama3_style
 from run_summary import section_rows
 from ui_screenshot import screenshot, xychart
@@ -210,8 +211,14 @@ def delete_block(slug: str, name: str) -> None:
 def test_deploy_registers_a_deployment_per_preset_with_a_form_and_the_nightly_schedule(deployed):
     from prefect import get_client
 
+    # Presets whose cluster is a KubernetesCluster block deploy from their own file, to a
+    # Kubernetes work pool (the flow runs as a Job there); every other one to the process pool.
+    on_kubernetes = {d["parameters"]["preset"] for d in
+                     yaml.safe_load((REPO / "deployments" / "prefect-kubernetes.yaml").read_text())["deployments"]}
+    assert on_kubernetes == {p for p in list_presets()
+                             if (load_spec(p).cluster.block or "").startswith("kubernetes-cluster/")}
     with get_client(sync_client=True) as client:
-        for preset in list_presets():
+        for preset in sorted(set(list_presets()) - on_kubernetes):
             deployment = client.read_deployment_by_name(f"pretrain/{preset}")
             assert deployment.work_pool_name == POOL and deployment.parameters["preset"] == preset
         form = deployment.parameter_openapi_schema["properties"]
