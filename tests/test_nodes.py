@@ -10,6 +10,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from pathlib import Path
 
 import pytest
 
@@ -28,20 +29,21 @@ NODES = ["node1", "node2", "node3"]
 
 
 @pytest.fixture(scope="module")
-def three_nodes(tmp_path_factory):
-    """The second stack's Slurm, with SLURM_CONF pointing every Slurm command of the module at it."""
+def second_stack(tmp_path_factory):
     root = tmp_path_factory.mktemp("nodes-stack")
-    saved = os.environ.get("SLURM_CONF")
     try:
         stack.up(root, ("slurm",), base_port=BASE_PORT, nodes=3)
-        os.environ["SLURM_CONF"] = stack.environment(root)["SLURM_CONF"]
         yield root
     finally:
         stack.down(root, ("slurm",))
-        if saved is None:
-            os.environ.pop("SLURM_CONF", None)
-        else:
-            os.environ["SLURM_CONF"] = saved
+
+
+@pytest.fixture
+def three_nodes(second_stack, monkeypatch):
+    """The second stack, with SLURM_CONF pointing the test's Slurm commands at it. Set per test,
+    after the autouse fixtures: a server they start (the Prefect harness) must not inherit it."""
+    monkeypatch.setenv("SLURM_CONF", stack.environment(second_stack)["SLURM_CONF"])
+    return second_stack
 
 
 def slurm(*argv: str) -> str:
@@ -167,3 +169,21 @@ def test_up_after_a_crash_recovers_and_down_leaves_nothing(three_nodes):
     stack.down(three_nodes, ("slurm",))
     assert nodes.leftovers(PREFIX) == []
     assert not any(alive(pid) for pid in after.values())
+    conf = stack.environment(three_nodes)["SLURM_CONF"]
+    deadline = time.monotonic() + 10  # SIGKILLed job steps take a moment to go
+    while (left := processes_of(conf)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert left == []  # no job step either
+
+
+def processes_of(slurm_conf: str) -> list[str]:
+    """Live processes started with this SLURM_CONF (the stack's daemons and its jobs' steps), as
+    ``pid command line``."""
+    found = []
+    for proc in Path("/proc").glob("[0-9]*"):
+        try:
+            if f"SLURM_CONF={slurm_conf}".encode() in (proc / "environ").read_bytes().split(b"\0"):
+                found.append((int(proc.name), (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode()))
+        except OSError:
+            continue  # ended meanwhile
+    return [f"{pid} {cmd}" for pid, cmd in found if alive(pid)]

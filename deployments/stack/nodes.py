@@ -21,6 +21,9 @@ stack left behind by that prefix alone.
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
@@ -106,8 +109,14 @@ def leftovers(prefix: str) -> list[str]:
 
 def remove(prefix: str) -> None:
     """Delete every namespace and link of a stack's prefix, whatever the count of nodes that
-    created them. A namespace's end of a veth pair goes with it, and the other end with that."""
+    created them, and end what still runs in those namespaces. A namespace's end of a veth pair
+    goes with it, and the other end with that."""
     for ns in _namespaces(prefix):
+        # What still runs on a node ends with it: a job step that outlived its killed slurmd (a
+        # lost node) would otherwise keep the namespace alive, unnamed, and never finish.
+        for pid in run(["ip", "netns", "pids", ns], check=False).stdout.split():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(pid), signal.SIGKILL)
         run(["ip", "netns", "delete", ns])
     for link in _links(prefix):
         run(["ip", "link", "delete", link], check=False)  # a veth end may have gone with its peer
