@@ -35,6 +35,7 @@ from prefect.states import Cancelled, State
 from blocks.cluster import SlurmCluster
 from jobs.log_lines import LineSplitter
 from jobs.node import LEASE, Leased, renew_lease
+from jobs.nodes import expand_nodes, unhealthy_nodes
 from jobs.pending import QueueWatch
 
 # sacct states after which the job will not run again (REQUEUED is followed by a restart, and
@@ -561,6 +562,9 @@ def ended(record: SacctRecord) -> bool:
 def _outcome(job: submitit.Job, name: str, record: SacctRecord, follower: LogFollower) -> list[Any] | SlurmJobFailed:
     """The per-task results of an ended job, or the failure that says why there are none."""
     def failed(state: str, detail: str) -> SlurmJobFailed:
+        if state == "NODE_FAIL" and (lost := sorted(unhealthy_nodes(expand_nodes(record.nodes)))):
+            # The node list names every node of the job; Slurm's node states tell which one it lost.
+            detail = "; ".join(filter(None, [f"lost node {', '.join(lost)}", detail]))
         return SlurmJobFailed(job.job_id, name, state, detail, list(follower.tail),
                               exit_code=record.exit_code, nodes=record.nodes, log_path=str(job.paths.stdout))
 

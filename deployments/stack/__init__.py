@@ -1,6 +1,6 @@
 """The local stack owned by the project: `pretrain stack up|down|status|reset|env`.
 
-A real single-node Slurm cluster with accounting, an S3-compatible server and a Prefect server,
+A real Slurm cluster with accounting (one node, or several in network namespaces), an S3-compatible server and a Prefect server,
 all configured and kept under one directory (``$PRETRAIN_STACK_DIR``, default
 ``~/.pretrain/stack``). ``up`` is idempotent and safe after a crash; ``down`` stops only the
 processes the stack started, by the pids it recorded.
@@ -32,17 +32,20 @@ def _ports(base: int) -> dict[str, int]:
             "s3": base + 4, "prefect": 4200 + base - DEFAULT_BASE_PORT}
 
 
-def _config(root: Path, base_port: int | None) -> dict:
-    """The stack's ports, fixed at its first start so every later command finds it again."""
+def _config(root: Path, base_port: int | None, nodes: int | None = None) -> dict:
+    """The stack's ports and node count, fixed at its first start so every later command finds
+    it again; ``up --nodes N`` changes the count."""
     path = root / "stack.json"
-    if path.exists():
-        config = json.loads(path.read_text())
-        if base_port is None or base_port == config["base_port"]:
-            return config
-    base = base_port or DEFAULT_BASE_PORT
+    old = json.loads(path.read_text()) if path.exists() else {}
+    base = base_port or old.get("base_port", DEFAULT_BASE_PORT)
+    count = old.get("nodes", 1) if nodes is None else nodes
+    if count < 1:
+        raise StackError(f"--nodes {count}: a cluster has at least one node")
+    if old.get("base_port") == base and old.get("nodes", 1) == count:
+        return old
     ports = _ports(base)
     config = {
-        "base_port": base, "ports": ports,
+        "base_port": base, "ports": ports, "nodes": count,
         "env": {"SLURM_CONF": str(root / "slurm" / "etc" / "slurm.conf"),
                 "PRETRAIN_S3_ENDPOINT": f"http://127.0.0.1:{ports['s3']}",
                 "PREFECT_API_URL": f"http://127.0.0.1:{ports['prefect']}/api"},
@@ -53,14 +56,15 @@ def _config(root: Path, base_port: int | None) -> dict:
 
 
 def _slurm(root: Path, config: dict) -> slurm.SlurmLayout:
-    return slurm.SlurmLayout(root / "slurm", config["base_port"])
+    return slurm.SlurmLayout(root / "slurm", config["base_port"], config.get("nodes", 1))
 
 
 def up(path: str | Path | None = None, components: tuple[str, ...] = ALL,
-       base_port: int | None = None) -> dict[str, object]:
-    """Start what is not running yet; return the pids of every component."""
+       base_port: int | None = None, nodes: int | None = None) -> dict[str, object]:
+    """Start what is not running yet; return the pids of every component. ``nodes``: the Slurm
+    nodes (1, ``localhost``, unless the stack was started with more)."""
     root = stack_dir(path)
-    config = _config(root, base_port)
+    config = _config(root, base_port, nodes)
     pids: dict[str, object] = {}
     if "slurm" in components:
         pids["slurm"] = slurm.up(_slurm(root, config))
@@ -126,11 +130,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", action="append", choices=ALL,
                         help="act on these components only (repeatable)")
     parser.add_argument("--base-port", type=int, help=f"first of the stack's ports (default {DEFAULT_BASE_PORT})")
+    parser.add_argument("--nodes", type=int, help="Slurm nodes, each in a network namespace of its own when "
+                        "more than 1 (default 1, or the count the stack was started with)")
     args = parser.parse_args(argv)
     components = tuple(args.only or ALL)
     try:
         if args.action == "up":
-            up(args.dir, components, args.base_port)
+            up(args.dir, components, args.base_port, args.nodes)
         elif args.action == "down":
             print("stopped:", ", ".join(down(args.dir, components)) or "nothing")
             return 0

@@ -1,6 +1,7 @@
-"""A real single-node Slurm cluster with accounting: munged, MariaDB, slurmdbd, slurmctld and
-slurmd, configured and kept under the stack directory (docs/local-stack.md, "Slurm settings";
-slurm.conf(5), slurmdbd.conf(5)).
+"""A real Slurm cluster with accounting: munged, MariaDB, slurmdbd, slurmctld and one slurmd
+per node, configured and kept under the stack directory (docs/local-stack.md, "Slurm settings";
+slurm.conf(5), slurmdbd.conf(5)). One node is ``localhost``; several are ``node1``...``nodeN``,
+each in its own network namespace (deployments/stack/nodes.py).
 
 The daemons run as root with their own sockets, ports, pid files and state, so nothing in
 /etc or /var/lib is edited and a second cluster can run beside the first on other ports.
@@ -14,6 +15,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
+from deployments.stack import nodes
 from deployments.stack.processes import (
     StackError, port_open, run, running_pid, start_detached, stop, wait_until,
 )
@@ -29,6 +31,23 @@ class SlurmLayout:
 
     root: Path
     base_port: int
+    nodes: int = 1
+
+    @property
+    def network(self) -> nodes.NodeNetwork | None:
+        return nodes.NodeNetwork(self.base_port, self.nodes, self.root / "etc" / "hosts") if self.nodes > 1 else None
+
+    @property
+    def slurmds(self) -> dict[str, str]:
+        """The key of each node's slurmd (its pid and log file names), to the node's name."""
+        if self.network is None:
+            return {"slurmd": "localhost"}
+        return {f"slurmd@{node}": node for node in self.network.names}
+
+    @property
+    def daemons(self) -> list[str]:
+        """Every daemon in start order, slurmd once per node."""
+        return [*DAEMONS[:-1], *self.slurmds]
 
     @property
     def conf(self) -> Path:
@@ -69,11 +88,30 @@ def installed() -> bool:
     return all(shutil.which(p) for p in ("munged", "mariadbd", "slurmdbd", "slurmctld", "slurmd", "sbatch"))
 
 
-def _cpus_and_memory() -> tuple[int, int]:
+def _cpus_and_memory(nodes: int) -> tuple[int, int]:
     # Declaring more CPUs than the machine has (config_overrides) lets tests run several
-    # multi-task jobs at once on 2 cores; memory is 90% of the real amount.
+    # multi-task jobs at once on 2 cores; memory is 90% of the real amount. Several nodes share
+    # the machine: each declares 2 CPUs (one rank per node, one thread per rank) and its share.
     mem_kb = next(int(line.split()[1]) for line in open("/proc/meminfo") if line.startswith("MemTotal"))
+    if nodes > 1:
+        return 2, int(mem_kb / 1024 * 0.9 / nodes)
     return max(8, os.cpu_count() or 1), int(mem_kb / 1024 * 0.9)
+
+
+def _node_settings(layout: SlurmLayout, cpus: int, mem_mb: int) -> dict[str, str]:
+    """SlurmctldHost, the slurmd files and the nodes: ``localhost`` on 127.0.0.1, or each node at
+    its namespace's address with files of its own (slurm.conf(5): %n is the node's name) and the
+    controller at the head's address on the bridge."""
+    r, net = layout.root, layout.network
+    node = f"CPUs={cpus} RealMemory={mem_mb} Gres={PREEMPT_GRES} State=UNKNOWN"
+    if net is None:
+        return {"host": "localhost", "pid": f"{r}/run/slurmd.pid", "spool": f"{r}/spool",
+                "log": str(layout.log("slurmd")), "nodes": f"NodeName=localhost NodeAddr=127.0.0.1 {node}\n"}
+    # A node whose slurmd dies is DOWN after 10 s, not the default 300 s: the tests lose one.
+    return {"host": f"localhost({net.head_address})", "pid": f"{r}/run/slurmd@%n.pid", "spool": f"{r}/spool/%n",
+            "log": f"{r}/log/slurmd@%n.log",
+            "nodes": "SlurmdTimeout=10\n" + "".join(f"NodeName={n} NodeAddr={net.address(n)} {node}\n"
+                                                     for n in net.names)}
 
 
 # A countable generic resource with no device behind it (gres.conf(5): Count without File), one per
@@ -84,18 +122,19 @@ PREEMPT_GRES = "preemptslot:1"
 
 def write_config(layout: SlurmLayout) -> bool:
     """Write the cluster's configuration; True when it changed (running daemons must restart)."""
-    for sub in ("etc", "state", "spool", "log", "run", "munge", "mysql"):
+    for sub in ("etc", "state", "spool", "log", "run", "munge", "mysql",
+                *(f"spool/{node}" for node in layout.slurmds.values() if layout.network)):
         (layout.root / sub).mkdir(parents=True, exist_ok=True)
-    cpus, mem_mb = _cpus_and_memory()
+    node = _node_settings(layout, *_cpus_and_memory(layout.nodes))
     r, port = layout.root, layout.base_port
     auth = f"socket={layout.munge_socket}"
     gres_name = PREEMPT_GRES.split(":")[0]
     before = [p.read_text() if p.exists() else None for p in (layout.conf, layout.gres_conf)]
-    layout.gres_conf.write_text(f"NodeName=localhost Name={gres_name} Count=1\n")
+    layout.gres_conf.write_text("".join(f"NodeName={n} Name={gres_name} Count=1\n" for n in layout.slurmds.values()))
     layout.conf.write_text(f"""\
 # Written by `pretrain stack`; settings explained in docs/local-stack.md and slurm.conf(5).
 ClusterName=pretrain
-SlurmctldHost=localhost
+SlurmctldHost={node['host']}
 SlurmctldPort={port}
 SlurmdPort={port + 1}
 SlurmUser=root
@@ -108,9 +147,9 @@ ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
 ReturnToService=2
 SlurmctldPidFile={r}/run/slurmctld.pid
-SlurmdPidFile={r}/run/slurmd.pid
+SlurmdPidFile={node['pid']}
 StateSaveLocation={r}/state
-SlurmdSpoolDir={r}/spool
+SlurmdSpoolDir={node['spool']}
 SchedulerType=sched/backfill
 SchedulerParameters=bf_interval=1,sched_interval=2
 SelectType=select/cons_tres
@@ -129,7 +168,7 @@ JobAcctGatherType=jobacct_gather/none
 SlurmctldDebug=info
 SlurmctldLogFile={layout.log('slurmctld')}
 SlurmdDebug=info
-SlurmdLogFile={layout.log('slurmd')}
+SlurmdLogFile={node['log']}
 SlurmdParameters=config_overrides
 # Preemption as clusters with spot capacity configure it: a job in `urgent` takes the resources
 # of jobs in `preemptible` (requeued) and `spot` (cancelled after a grace period, the trainer's
@@ -137,8 +176,7 @@ SlurmdParameters=config_overrides
 PreemptType=preempt/partition_prio
 PreemptMode=REQUEUE
 GresTypes={gres_name}
-NodeName=localhost NodeAddr=127.0.0.1 CPUs={cpus} RealMemory={mem_mb} Gres={PREEMPT_GRES} State=UNKNOWN
-PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP PriorityTier=1 PreemptMode=OFF
+{node['nodes']}PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP PriorityTier=1 PreemptMode=OFF
 PartitionName=preemptible Nodes=ALL MaxTime=INFINITE State=UP PriorityTier=1 PreemptMode=REQUEUE
 PartitionName=spot Nodes=ALL MaxTime=INFINITE State=UP PriorityTier=1 PreemptMode=CANCEL GraceTime=15
 PartitionName=urgent Nodes=ALL MaxTime=INFINITE State=UP PriorityTier=10 PreemptMode=OFF
@@ -210,22 +248,51 @@ def _start_slurmdbd(layout: SlurmLayout) -> None:
     wait_until(lambda: port_open(layout.base_port + 2), 30, "slurmdbd", layout.log("slurmdbd"))
 
 
-def _node_state(layout: SlurmLayout) -> str:
-    out = subprocess.run(["sinfo", "-h", "-n", "localhost", "-o", "%t"], capture_output=True,
-                         text=True, env=layout.env)
-    return out.stdout.strip()
+def _node_states(layout: SlurmLayout) -> dict[str, str]:
+    out = subprocess.run(["sinfo", "-h", "-N", "-o", "%N %t"], capture_output=True, text=True, env=layout.env)
+    return dict(line.split() for line in out.stdout.splitlines() if line.strip())
 
 
 def _start_slurmctld(layout: SlurmLayout) -> None:
     run(["slurmctld"], env=layout.env)
 
 
-def _start_slurmd(layout: SlurmLayout) -> None:
-    run(["slurmd", "-N", "localhost"], env=layout.env)
+def _start_slurmd(layout: SlurmLayout, node: str) -> None:
+    argv = ["slurmd", "-N", node]
+    run(argv if layout.network is None else layout.network.on_node(node, argv), env=layout.env)
 
 
 STARTERS = {"munged": _start_munged, "mariadbd": _start_mariadbd, "slurmdbd": _start_slurmdbd,
-            "slurmctld": _start_slurmctld, "slurmd": _start_slurmd}
+            "slurmctld": _start_slurmctld}
+
+
+def _start(layout: SlurmLayout, daemon: str) -> None:
+    if daemon in layout.slurmds:
+        _start_slurmd(layout, layout.slurmds[daemon])
+    else:
+        STARTERS[daemon](layout)
+
+
+def _slurmd_pid_files(layout: SlurmLayout) -> list[Path]:
+    """Those of any node count this stack ever had, so a changed count leaves no slurmd behind."""
+    run_dir = layout.root / "run"
+    return [*run_dir.glob("slurmd.pid"), *sorted(run_dir.glob("slurmd@*.pid"))]
+
+
+def _ensure_network(layout: SlurmLayout) -> None:
+    """The nodes' namespaces as this layout wants them. Running slurmds keep theirs when it is
+    whole; otherwise (a crashed stack's leftovers, another node count) every slurmd stops and the
+    network is built anew."""
+    net = layout.network
+    if net is None:
+        nodes.remove(nodes.name_prefix(layout.base_port))  # what an earlier `--nodes N` left
+        return
+    if nodes.present(net) and any(running_pid(layout.pid_file(d)) for d in layout.slurmds):
+        return
+    for pid_file in _slurmd_pid_files(layout):
+        stop(pid_file)
+    nodes.remove(net.prefix)
+    nodes.create(net)
 
 
 def up(layout: SlurmLayout) -> dict[str, int]:
@@ -238,26 +305,32 @@ def up(layout: SlurmLayout) -> dict[str, int]:
     if write_config(layout):
         # A stack started by an older checkout runs on the old settings: slurmd reads its node's
         # generic resources only at start. Running jobs outlive both daemons' restarts.
-        for daemon in ("slurmd", "slurmctld"):
-            stop(layout.pid_file(daemon))
-    for daemon in DAEMONS:
+        for pid_file in (*_slurmd_pid_files(layout), layout.pid_file("slurmctld")):
+            stop(pid_file)
+    _ensure_network(layout)
+    for daemon in layout.daemons:
         if running_pid(layout.pid_file(daemon)) is None:
-            STARTERS[daemon](layout)
+            _start(layout, daemon)
     _wait_idle(layout)
-    return {d: running_pid(layout.pid_file(d)) for d in DAEMONS}
+    return status(layout)
 
 
 def _wait_idle(layout: SlurmLayout) -> None:
     log = layout.log("slurmctld")
+    wanted = set(layout.slurmds.values())
+
+    def ready() -> bool:
+        states = _node_states(layout)
+        return all(states.get(node, "").rstrip("*") in ("idle", "mix", "alloc") for node in wanted)
+
     try:
-        wait_until(lambda: _node_state(layout) in ("idle", "mix", "alloc"), 15, "the Slurm node", log)
+        wait_until(ready, 15, "the Slurm nodes", log)
     except StackError:
         # A DRAIN reason saved before a crash survives restarts, and ReturnToService=2 does not
         # clear one set for an invalid registration (docs/local-stack.md, "Slurm settings").
-        subprocess.run(["scontrol", "update", "nodename=localhost", "state=resume"],
+        subprocess.run(["scontrol", "update", f"nodename={','.join(sorted(wanted))}", "state=resume"],
                        capture_output=True, env=layout.env)
-        wait_until(lambda: _node_state(layout) in ("idle", "mix", "alloc"), 30,
-                   f"the Slurm node (state {_node_state(layout)!r})", log)
+        wait_until(ready, 30, f"the Slurm nodes (states {_node_states(layout)!r})", log)
 
 
 def cancel_all_jobs(layout: SlurmLayout) -> None:
@@ -274,7 +347,9 @@ def cancel_all_jobs(layout: SlurmLayout) -> None:
 
 def down(layout: SlurmLayout) -> list[str]:
     cancel_all_jobs(layout)
-    return [d for d in reversed(DAEMONS) if stop(layout.pid_file(d))]
+    stopped = [d for d in reversed(layout.daemons) if stop(layout.pid_file(d))]
+    nodes.remove(nodes.name_prefix(layout.base_port))
+    return stopped
 
 
 def drop_accounting(layout: SlurmLayout) -> None:
@@ -289,4 +364,4 @@ def drop_accounting(layout: SlurmLayout) -> None:
 
 
 def status(layout: SlurmLayout) -> dict[str, int | None]:
-    return {d: running_pid(layout.pid_file(d)) for d in DAEMONS}
+    return {d: running_pid(layout.pid_file(d)) for d in layout.daemons}

@@ -1,0 +1,189 @@
+"""A Slurm cluster of three nodes on this machine (`pretrain stack up --nodes 3`): each slurmd in
+a network namespace of its own, on a second stack (own directory, ports and subnet), so the
+stack the rest of the suite uses is never disturbed."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from blocks.cluster import SlurmCluster
+from deployments import stack
+from deployments.stack import nodes
+from deployments.stack.processes import alive
+from jobs.node import Command
+from jobs.slurm import JobRequest, SlurmJobFailed, run_job, submit, wait
+from tasks.executor import excluded_after
+
+BASE_PORT = 7917  # test_stack.py's second stack is on 7817
+PREFIX = nodes.name_prefix(BASE_PORT)
+SUBNET = f"10.213.{BASE_PORT % 256}"
+NODES = ["node1", "node2", "node3"]
+
+
+@pytest.fixture(scope="module")
+def second_stack(tmp_path_factory):
+    root = tmp_path_factory.mktemp("nodes-stack")
+    try:
+        stack.up(root, ("slurm",), base_port=BASE_PORT, nodes=3)
+        yield root
+    finally:
+        stack.down(root, ("slurm",))
+
+
+@pytest.fixture
+def three_nodes(second_stack, monkeypatch):
+    """The second stack, with SLURM_CONF pointing the test's Slurm commands at it. Set per test,
+    after the autouse fixtures: a server they start (the Prefect harness) must not inherit it."""
+    monkeypatch.setenv("SLURM_CONF", stack.environment(second_stack)["SLURM_CONF"])
+    return second_stack
+
+
+def slurm(*argv: str) -> str:
+    return subprocess.run(argv, capture_output=True, text=True, check=True).stdout
+
+
+def node_table() -> dict[str, tuple[str, str, str]]:
+    """Node name: (state, address, host name), as the controller sees them."""
+    rows = slurm("sinfo", "-h", "-N", "-p", "debug", "-o", "%N %t %o %n").split("\n")
+    return {r.split()[0]: tuple(r.split()[1:]) for r in rows if r.strip()}
+
+
+def sbatch_and_wait(*argv: str, timeout_s: float = 30) -> str:
+    job_id = slurm("sbatch", "--parsable", *argv).strip()
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        state = slurm("sacct", "-X", "-n", "-P", "-o", "State", "-j", job_id).strip()
+        if state == "COMPLETED":
+            return job_id
+        time.sleep(0.3)
+    raise AssertionError(f"job {job_id} did not complete (sacct: {state!r})")
+
+
+def test_up_gives_three_idle_nodes_with_their_own_addresses(three_nodes):
+    table = node_table()
+    assert table == {f"node{k}": ("idle", f"{SUBNET}.{k}", f"node{k}") for k in (1, 2, 3)}
+    assert sorted(nodes.leftovers(PREFIX)) == sorted(
+        [f"{PREFIX}-{n}" for n in NODES] + [f"{PREFIX}br"] + [f"{PREFIX}n{k}" for k in (1, 2, 3)])
+    slurmds = {k: v for k, v in stack.status(three_nodes)["slurm"].items() if k.startswith("slurmd@")}
+    assert sorted(slurmds) == [f"slurmd@{n}" for n in NODES] and all(slurmds.values())
+
+
+def test_a_job_on_three_nodes_runs_on_three_hosts_that_share_the_data_directory(three_nodes, tmp_path):
+    """Each task writes, into the shared directory, its host name, how it resolves the first
+    node, and whether it reaches the controller at the head's bridge address and at 127.0.0.1
+    (the node's own loopback: the S3 and Prefect servers of the head, on 127.0.0.1, are out of
+    reach from a node)."""
+    port = BASE_PORT  # slurmctld's
+    probe = textwrap.dedent(f"""\
+        import os, socket, sys
+        def reach(host):
+            try:
+                socket.create_connection((host, {port}), timeout=2).close()
+                return "reached"
+            except OSError:
+                return "unreachable"
+        out = " ".join([socket.gethostname(), socket.gethostbyname("node1"), reach("head"), reach("127.0.0.1")])
+        open(os.path.join(sys.argv[1], socket.gethostname()), "w").write(out)
+    """)
+    (tmp_path / "probe.py").write_text(probe)
+    script = f"srun hostname > {tmp_path}/hostnames && srun python3 {tmp_path}/probe.py {tmp_path}"
+    sbatch_and_wait("-N", "3", "-o", str(tmp_path / "log"), "--wrap", script)
+    assert sorted((tmp_path / "hostnames").read_text().split()) == NODES
+    for node in NODES:
+        assert (tmp_path / node).read_text().split() == [node, f"{SUBNET}.1", "reached", "unreachable"]
+
+
+ALL_REDUCE = textwrap.dedent("""\
+    import os, socket, sys
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo")
+    total = torch.tensor([dist.get_rank() + 1.0])
+    dist.all_reduce(total)
+    with open(os.path.join(sys.argv[1], str(dist.get_rank())), "w") as out:
+        out.write(f"{socket.gethostname()} {dist.get_world_size()} {os.environ['MASTER_ADDR']} {total.item():.0f}")
+    dist.destroy_process_group()
+""")
+
+
+def test_torchrun_across_three_nodes_all_reduces_over_gloo(three_nodes, tmp_path):
+    """torchrun on each node of a Slurm allocation, from the job layer: one rank per node, the
+    master address the first node's name, a static rendezvous on it, gloo over the bridge."""
+    (tmp_path / "all_reduce.py").write_text(ALL_REDUCE)
+    torchrun = Command([sys.executable, "-m", "torch.distributed.run", "--nnodes", "$NNODES", "--node_rank", "$NODE_RANK",
+                        "--nproc_per_node", "1", "--master_addr", "$MASTER_ADDR", "--master_port", "$MASTER_PORT",
+                        "--max_restarts", "0", str(tmp_path / "all_reduce.py"), str(tmp_path)],
+                       env={"OMP_NUM_THREADS": "1"})
+    results = run_job(JobRequest("all-reduce", torchrun, time_limit_min=3, nodes=3), SlurmCluster(executor="slurm"),
+                      tmp_path, poll_s=0.5)
+    assert results == [0, 0, 0]
+    ranks = {rank: (tmp_path / str(rank)).read_text().split() for rank in range(3)}
+    assert ranks == {0: ["node1", "3", "node1", "6"], 1: ["node2", "3", "node1", "6"], 2: ["node3", "3", "node1", "6"]}
+
+
+def test_a_node_lost_mid_job_is_marked_down_and_named_by_the_failure(three_nodes, tmp_path):
+    """node3's slurmd killed under a running 3-node job: Slurm marks node3 down (SlurmdTimeout,
+    10 s here), the job ends NODE_FAIL, and the failure names node3 as the node lost, the one
+    node the next attempt leaves out. `up` brings node3 back."""
+    job = submit(JobRequest("lost-node", Command(["sleep", "300"]), time_limit_min=6, nodes=3),
+                 SlurmCluster(executor="slurm"), tmp_path)
+    deadline = time.monotonic() + 30
+    while slurm("squeue", "-h", "-j", job.job_id, "-o", "%T").strip() != "RUNNING":
+        assert time.monotonic() < deadline, f"job {job.job_id} did not start"
+        time.sleep(0.3)
+    os.kill(stack.status(three_nodes)["slurm"]["slurmd@node3"], signal.SIGKILL)
+    with pytest.raises(SlurmJobFailed) as failed:
+        wait(job, "lost-node", poll_s=1, max_wait_s=90)
+    assert failed.value.state == "NODE_FAIL" and "lost node node3" in str(failed.value)
+    assert node_table()["node3"][0] == "down*"
+    assert excluded_after(failed.value, SlurmCluster(executor="slurm")) == {"node3"}
+    stack.up(three_nodes, ("slurm",))
+    assert {state for state, _, _ in node_table().values()} <= {"idle", "mix"}
+
+
+def test_up_after_a_crash_recovers_and_down_leaves_nothing(three_nodes):
+    """Every Slurm daemon SIGKILLed, the namespaces left behind: `up` removes them, builds the
+    network anew and the three nodes run a job; `down` then leaves no namespace, link or daemon."""
+    before = stack.status(three_nodes)["slurm"]
+    killed = ("slurmctld", *(f"slurmd@{n}" for n in NODES))
+    for daemon in killed:
+        os.kill(before[daemon], signal.SIGKILL)
+    time.sleep(0.5)
+    assert nodes.leftovers(PREFIX)
+    stack.up(three_nodes, ("slurm",))
+    after = stack.status(three_nodes)["slurm"]
+    assert all(after.values()) and all(after[d] != before[d] for d in killed)
+    assert {state for state, _, _ in node_table().values()} <= {"idle", "mix"}  # mix: a job of an earlier test ends
+    sbatch_and_wait("-N", "3", "-o", "/dev/null", "--wrap", "srun true")
+
+    stack.down(three_nodes, ("slurm",))
+    assert nodes.leftovers(PREFIX) == []
+    assert not any(alive(pid) for pid in after.values())
+    conf = stack.environment(three_nodes)["SLURM_CONF"]
+    deadline = time.monotonic() + 10  # SIGKILLed job steps take a moment to go
+    while (left := processes_of(conf)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert left == []  # no job step either
+
+
+def processes_of(slurm_conf: str) -> list[str]:
+    """Live processes started with this SLURM_CONF (the stack's daemons and its jobs' steps), as
+    ``pid command line``."""
+    found = []
+    for proc in Path("/proc").glob("[0-9]*"):
+        try:
+            if f"SLURM_CONF={slurm_conf}".encode() in (proc / "environ").read_bytes().split(b"\0"):
+                found.append((int(proc.name), (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode()))
+        except OSError:
+            continue  # ended meanwhile
+    return [f"{pid} {cmd}" for pid, cmd in found if alive(pid)]
