@@ -334,6 +334,9 @@ def test_tiny_local_run_publishes_every_artifact_and_the_ui_draws_the_loss_curve
 
 
 @pytest.mark.alone
+# Four flow runs, the last under busy loops, after the wait of a test marked alone for the others,
+# which counts against the timeout.
+@pytest.mark.timeout(1200)
 def test_nightly_benchmark_passes_against_its_baseline_and_fails_naming_a_slowdown(worker, tiny_local, root):
     """A slowed-down node (busy loops beside the trainer, as from a noisy neighbour) fails the
     gate on throughput; an unchanged one passes. The block keeps its name, so the benchmark's

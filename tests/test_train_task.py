@@ -261,6 +261,9 @@ def test_preemption_on_spot_capacity_resubmits_and_resumes(corpus, tmp_path, cle
 
 
 @pytest.mark.alone
+# Several 1-minute jobs (4-5 at 0.4 s a step), after the wait of a test marked alone for the
+# others, which counts against the timeout: more than the suite's 600 s can hold.
+@pytest.mark.timeout(1200)
 def test_time_limit_stops_the_trainer_with_usr2_and_the_next_job_resumes(corpus, tmp_path, clean_queue):
     """A 1-minute limit with USR2 asked 1 s ahead. slurmctld checks limits every 30 s and sends the
     signal at the first check within 30 s + delay of the limit, so it arrives 29-59 s into a job:
