@@ -346,7 +346,9 @@ def test_nightly_benchmark_passes_against_its_baseline_and_fails_naming_a_slowdo
     # Eager mode (tiny_local): the gate compares throughput, and a CPU compile costs minutes under
     # busy loops (the graph counts' verdicts are test_benchmark's).
     parameters = {"steps": 8, "overrides": [*tiny_local, "cluster.block=bench-node"],
-                  "thresholds": {"tokens_per_s": 0.35, "step_time_ms": 0.35, "stage_s": 5.0}}
+                  "thresholds": {"tokens_per_s": 0.35, "step_time_ms": 0.35, "stage_s": 5.0,
+                                 # the CPU sampler's utilization is the node's, as noisy as its throughput
+                                 "device_util_pct": 0.35}}
     first = run_deployment(worker, "nightly-benchmark/tiny-local", parameters)
     wait_for(first, worker, {"Running"}, timeout=120)
     # The deployment's concurrency limit: a run that finds another one going is cancelled, not queued.
