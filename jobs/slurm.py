@@ -691,14 +691,20 @@ class MissingClusterBlock(ValueError):
     retryable = False  # trying again finds the same nothing
 
 
-def load_cluster_block(name: str) -> SlurmCluster:
+def load_block(block_type: type, name: str, as_given: str, create: str) -> Any:
+    """The cluster block ``name`` of ``block_type``; a missing one names ``cluster.block`` as the
+    spec gives it and how to ``create`` one."""
     try:
-        return SlurmCluster.load(name)
+        return block_type.load(name)
     except ValueError as exc:  # Prefect's "Unable to find block document named ..."
         raise MissingClusterBlock(
-            f"cluster.block={name!r}: no SlurmCluster block of that name on this Prefect server ({exc}); "
-            f"create it in the UI (Blocks > Slurm Cluster) or with SlurmCluster(...).save({name!r}), "
-            "or leave cluster.block unset") from None
+            f"cluster.block={as_given}: no {block_type.__name__} block of that name on this Prefect server ({exc}); "
+            f"create it {create}") from None
+
+
+def load_cluster_block(name: str) -> SlurmCluster:
+    return load_block(SlurmCluster, name, repr(name), f"in the UI (Blocks > Slurm Cluster) or with "
+                      f"SlurmCluster(...).save({name!r}), or leave cluster.block unset")
 
 
 def cluster_for(spec: Any) -> SlurmCluster:

@@ -16,7 +16,7 @@ from blocks.kubernetes import KubernetesCluster
 from jobs import kubernetes, slurm
 from jobs.nodes import expand_nodes, unhealthy_nodes
 from jobs.kubernetes import KubernetesTarget, SubmittedJob
-from jobs.slurm import JobRequest, MissingClusterBlock, SlurmJobFailed
+from jobs.slurm import JobRequest, SlurmJobFailed, load_block
 from render import kubernetes as manifests
 
 Cluster = SlurmCluster | KubernetesTarget
@@ -30,12 +30,8 @@ KUBERNETES_PREFIX = "kubernetes-cluster/"
 
 
 def load_kubernetes_block(name: str) -> KubernetesCluster:
-    try:
-        return KubernetesCluster.load(name)
-    except ValueError as exc:  # Prefect's "Unable to find block document named ..."
-        raise MissingClusterBlock(
-            f"cluster.block={KUBERNETES_PREFIX}{name}: no KubernetesCluster block of that name on this Prefect "
-            f"server ({exc}); create it with KubernetesCluster(...).save({name!r})") from None
+    return load_block(KubernetesCluster, name, f"{KUBERNETES_PREFIX}{name}",
+                      f"with KubernetesCluster(...).save({name!r})")
 
 
 def cluster_for(spec: Any) -> Cluster:
