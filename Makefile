@@ -63,7 +63,8 @@ demo: setup
 # Three workers beside one stack on two cores: much of the suite waits (on Slurm's scheduling,
 # time limits and signals, on hang and lease timeouts, on Prefect), and a worker's waiting is
 # the others' computing. Whole modules per worker, slowest first (their module fixtures are set
-# up once); tests marked `alone` run with nothing beside them (tests/conftest.py).
+# up once). No test needs the machine to itself: one that judges time against the CPUs holds its
+# processes to a CPU share or quota of their own (tests/slurm_faults.py).
 test: stack-up node-deps
 	$(VENV)/bin/python -m pytest -n 3 --dist loadfile --no-loadscope-reorder
 

@@ -1,10 +1,8 @@
 """Shared fixtures: the real local stack (Slurm, S3) and a Prefect API for the whole run, and
-the rules that let `make test` run the suite on three pytest-xdist workers (`--dist loadfile`)
-beside one stack."""
+the order in which `make test` hands modules to its pytest-xdist workers (`--dist loadfile`)."""
 
 from __future__ import annotations
 
-import contextlib
 import fcntl
 import os
 import subprocess
@@ -18,82 +16,13 @@ import pytest
 # `pytest --durations=0`; docs/benchmarks.md.)
 SLOWEST_FIRST = ("test_deployments.py", "test_train_task.py", "test_train_loop.py", "test_pretrain_flow.py",
                  "test_slurm_jobs.py")
-# Serialises the tests marked `alone` against every other test of the run, on either worker.
-LANE_LOCK = Path(os.environ.get("PRETRAIN_TEST_LOCK", "/tmp/pretrain-tests.lock"))
-TURNSTILE = LANE_LOCK.with_suffix(".turnstile")
-
-
-def _alone(item) -> bool:
-    return item.get_closest_marker("alone") is not None
+STACK_LOCK = Path("/tmp/pretrain-tests.stack.lock")
 
 
 def pytest_collection_modifyitems(items):
-    """Modules slowest first; in each module the tests marked ``alone`` first: while one runs the
-    other workers wait, and at the start of a module it waits for their current tests once, not
-    once for each such test as they come up between the module's others."""
+    """Modules slowest first."""
     rank = {name: i for i, name in enumerate(SLOWEST_FIRST)}
-    # stable: file order kept otherwise
-    items.sort(key=lambda item: (rank.get(item.path.name, len(rank)), not _alone(item)))
-
-
-@contextlib.contextmanager
-def _locked(path: Path, mode: int):
-    with open(path, "a") as f:
-        fcntl.flock(f, mode)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
-
-
-
-@contextlib.contextmanager
-def _shared():
-    """The lane lock shared, once no ``alone`` test is waiting for it (the turnstile gives those
-    priority: while one waits, no test takes the shared lock anew)."""
-    with _locked(TURNSTILE, fcntl.LOCK_EX):
-        pass
-    with _locked(LANE_LOCK, fcntl.LOCK_SH):
-        yield
-
-
-@pytest.hookimpl(wrapper=True)
-def pytest_runtest_protocol(item, nextitem):
-    """A test marked ``alone`` runs with nothing else of the suite beside it: it needs the Slurm
-    node idle (it drains it) or it judges time against the machine's CPUs (a
-    trainer's start-up against a time limit, throughput). Every other test holds the lane lock
-    shared around its whole protocol, so that its module's fixtures (a tokenized corpus, a
-    deployed worker) are never set up beside an ``alone`` test either."""
-    if _alone(item):
-        return (yield)  # its phases take the lock themselves
-    with _shared():
-        return (yield)
-
-
-@pytest.hookimpl(wrapper=True)
-def pytest_runtest_setup(item):
-    """An ``alone`` test's fixtures are set up beside the other workers' tests, as theirs are;
-    only the test itself runs alone."""
-    if not _alone(item):
-        return (yield)
-    with _shared():
-        return (yield)
-
-
-@pytest.hookimpl(wrapper=True)
-def pytest_runtest_call(item):
-    if not _alone(item):
-        return (yield)
-    with _locked(TURNSTILE, fcntl.LOCK_EX), _locked(LANE_LOCK, fcntl.LOCK_EX):
-        return (yield)
-
-
-@pytest.hookimpl(wrapper=True)
-def pytest_runtest_teardown(item, nextitem):
-    if not _alone(item):
-        return (yield)
-    with _shared():
-        return (yield)
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: file order kept otherwise
 
 
 @pytest.fixture(scope="session")
@@ -122,7 +51,8 @@ def local_stack():
     """The project's Slurm cluster and S3 server, started if they are not running yet."""
     from deployments import stack
 
-    with _locked(LANE_LOCK.with_suffix(".stack"), fcntl.LOCK_EX):  # both workers may ask at once
+    with open(STACK_LOCK, "a") as lock:  # the workers may ask at once
+        fcntl.flock(lock, fcntl.LOCK_EX)
         stack.up(components=("slurm", "s3"))
     env = stack.environment()
     os.environ["SLURM_CONF"] = env["SLURM_CONF"]

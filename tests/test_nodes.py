@@ -151,6 +151,27 @@ def test_a_node_lost_mid_job_is_marked_down_and_named_by_the_failure(three_nodes
     assert {state for state, _, _ in node_table().values()} <= {"idle", "mix"}
 
 
+def test_only_the_node_slurm_holds_failed_is_excluded_from_the_next_attempt(three_nodes):
+    """After NODE_FAIL the job's node list names every node it ran on; the one to leave out is
+    the one Slurm now holds down or drained (here node2, drained for the test)."""
+    def failure(state: str) -> SlurmJobFailed:
+        return SlurmJobFailed("42", "tiny-local-train", state, "", [], exit_code="0:0", nodes="node[1-3]")
+
+    def excluded(failure: SlurmJobFailed, device_errors: dict[str, str] | None = None) -> set[str]:
+        return excluded_after(failure, SlurmCluster(executor="slurm"), device_errors)
+
+    assert excluded(failure("NODE_FAIL")) == set()  # every node is healthy again: nothing to leave out
+    # Whatever ended the job, a node whose devices reported errors (the device sampler) is left out.
+    assert excluded(failure("FAILED"), {"node1": "gpu0: XID 79"}) == {"node1"}
+    slurm("scontrol", "update", "nodename=node2", "state=drain", "reason=test: failed node")
+    try:
+        assert excluded(failure("NODE_FAIL")) == {"node2"}
+        # A crash, a cancel or a time limit says nothing against the nodes: they stay in.
+        assert excluded(failure("FAILED")) == set() == excluded(failure("TIMEOUT"))
+    finally:
+        slurm("scontrol", "update", "nodename=node2", "state=resume")
+
+
 def test_up_after_a_crash_recovers_and_down_leaves_nothing(three_nodes):
     """Every Slurm daemon SIGKILLed, the namespaces left behind: `up` removes them, builds the
     network anew and the three nodes run a job; `down` then leaves no namespace, link or daemon."""
