@@ -174,20 +174,23 @@ from trainer.train.data import DataConfig, build_datasets
 
 cfg = DataConfig(paths=sys.argv[1:3], weights=[1.0, 1.0], cache_dir=None)
 build_datasets(cfg, seq_length=64, seed=1, train_samples=10, valid_samples=0, eod_id=30000)
+print(sorted(name for name in sys.modules if name.startswith("megatron.core.optimizer") or name == "torch._inductor"))
 warnings.warn("Transformer Engine and Apex are not installed (this program's own warning)")
 """
 
 
-def test_megatron_data_layer_loads_without_its_optimizer_warnings(corpora):
-    """Importing megatron-core's datasets runs its package __init__, whose optimizer and FSDP
-    modules warned four times per rank that Transformer Engine and Apex are missing; the trainer
-    uses neither. Only those warnings are silenced, for those imports: a later one still shows."""
+def test_megatron_data_layer_loads_without_its_model_and_optimizer_code(corpora):
+    """megatron-core's package __init__ imports its optimizer and FSDP modules, which warned four
+    times per rank that Transformer Engine and Apex are missing, and its model code, whose
+    torch.compile decorators import torch's inductor: seconds of every rank's start-up. The
+    trainer builds the datasets without any of them; a warning of its own still shows."""
     out = subprocess.run([sys.executable, "-W", "default", "-c", QUIET_BUILD, corpora["a"], corpora["b"]],
                          cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True, text=True,
                          timeout=180)
     assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.split("\n")[-2] == "[]", out.stdout[-3000:]
     warned = [line for line in out.stderr.splitlines() if "Transformer Engine and Apex are not installed" in line]
-    assert warned == ["<string>:7: UserWarning: Transformer Engine and Apex are not installed "
+    assert warned == ["<string>:8: UserWarning: Transformer Engine and Apex are not installed "
                       "(this program's own warning)"], out.stderr[-3000:]
 
 

@@ -21,12 +21,12 @@ Every item is ``{"tokens", "labels", "loss_mask"}``, each of length ``seq_length
 
 from __future__ import annotations
 
-import contextlib
 import copy
+import importlib.util
 import math
 import os
 import re
-import warnings
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -203,24 +203,30 @@ def _split_tokens(lengths: np.ndarray, bookends: tuple[float, float] | None) -> 
     return int(lengths[begin:end].sum(dtype=np.int64))
 
 
-@contextlib.contextmanager
-def _megatron_data_imports():
-    """Around the imports of megatron-core's data layer. Importing any ``megatron.core`` module
-    runs the package's ``__init__``, which imports its DDP, FSDP and optimizer modules, and four of
-    those warn that Transformer Engine and Apex are not installed (falling back to torch's
-    optimizers and multi-tensor kernels): eight warnings in every training job's log at two ranks,
-    about code this trainer never runs (its optimizer is torch's, ``trainer/train/optimizer.py``).
-    Exactly that warning is ignored, for these imports only; every other warning still shows."""
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="Transformer Engine and Apex are not installed",
-                                category=UserWarning, module="megatron")
-        yield
+def _megatron_data_layer() -> None:
+    """Makes megatron-core's data layer importable without the package's ``__init__``.
+
+    Importing any ``megatron.core`` module first runs that ``__init__``, which imports its model,
+    DDP, FSDP and optimizer code: with their ``torch.compile`` decorators, torch's inductor too.
+    That was 6 of a rank's start-up CPU-seconds here (docs/benchmarks.md), and four of those
+    modules warn that Transformer Engine and Apex are not installed, about code this trainer
+    never runs. The trainer uses the data layer only, so the package is registered as found, its
+    ``__init__`` not run, and its submodules import on their own. ``parallel_state`` goes first:
+    it and ``megatron.core.utils`` import each other, and the ``__init__`` imports them in that
+    order."""
+    if "megatron.core" in sys.modules:
+        return  # imported whole, or by an earlier call
+    found = importlib.util.find_spec("megatron.core")
+    package = importlib.util.module_from_spec(found)
+    sys.modules["megatron.core"] = package
+    sys.modules["megatron"].core = package
+    importlib.import_module("megatron.core.parallel_state")
 
 
 def _megatron_builder():
-    with _megatron_data_imports():
-        from megatron.core.datasets.blended_dataset import BlendedDataset
-        from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegatronDatasetBuilder
+    _megatron_data_layer()
+    from megatron.core.datasets.blended_dataset import BlendedDataset
+    from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegatronDatasetBuilder
 
     class Builder(BlendedMegatronDatasetBuilder):
         @staticmethod
@@ -242,8 +248,8 @@ def _build_megatron(cfg: DataConfig, *, seq_length: int, seed: int, train_sample
                     eod_id: int) -> tuple[Dataset, Dataset | None]:
     # megatron-core ships helpers_cpp prebuilt in its wheel; compile_helpers() would run make in
     # site-packages, find no Makefile and sys.exit(1), so it is never called here.
-    with _megatron_data_imports():
-        from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig
+    _megatron_data_layer()
+    from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig
 
     weights = None if cfg.weights is None else [float(w) for w in cfg.weights]
     if len(cfg.paths) > 1 and weights is None:
