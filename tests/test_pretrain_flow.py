@@ -88,7 +88,8 @@ def test_tiny_local_runs_every_stage_on_the_demo_corpus(s3_endpoint, demo_tokeni
     assert re.search(r"\| tokens/s \| [\d,]+ \|", summary) and re.search(r"\| step time \| [\d,.]+ ms \|", summary)
     assert f"| code version | `{manifest.code_version()}` |" in summary
     assert f"| torch | {torch.__version__} |" in summary and "| prefect | " in summary
-    assert [stage for stage, *_ in section_rows(summary, "Stage durations")] == ["fetch", "tokenize", "train"], summary
+    stages = [stage for stage, *_ in section_rows(summary, "Stage durations")]
+    assert stages == ["preflight", "fetch", "tokenize", "train"], summary
     # every job of the run, each stage's: the tokenize shards and their merge, training
     jobs = section_rows(summary, "Slurm jobs")
     assert [stage for stage, *_ in jobs] == ["tokenize-0-of-2", "tokenize-1-of-2", "tokenize-merge", "train"], summary

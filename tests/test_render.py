@@ -19,8 +19,9 @@ def test_render_writes_config_conversion_and_sbatch(tmp_path):
                            "--out", str(out)], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     assert sorted(p.name for p in out.iterdir()) == [
-        "convert.sh", "nxdt_config.yaml", "precompile.sh", "sbatch_convert.sh", "sbatch_precompile.sh",
-        "sbatch_tokenize.sh", "sbatch_train.sh", "spec.yaml", "tokenize.sh", "torchrun.sh", "train.sh", "train_env.sh"]
+        "convert.sh", "hub_downloads.txt", "nxdt_config.yaml", "precompile.sh", "sbatch_convert.sh",
+        "sbatch_precompile.sh", "sbatch_tokenize.sh", "sbatch_train.sh", "spec.yaml", "tokenize.sh", "torchrun.sh",
+        "train.sh", "train_env.sh"]
     config = yaml.safe_load((out / "nxdt_config.yaml").read_text())
     convert = (out / "convert.sh").read_text()
     # The conversion and the training config come from one spec: they agree on every shared value.
