@@ -730,7 +730,10 @@ def test_llama31_rope_scaling_reaches_the_model_and_its_export(tmp_path):
         run = tmp_path / name
         cfg = train_config(run, str(tmp_path / "unread_text_document"), model={
             "rope_theta": 500000.0, "rope_scaling": rope_scaling, "max_position_embeddings": 131072})
-        return models.build(TrainConfig.from_file(write_config(run, cfg)).model, seed=7)
+        model_cfg = TrainConfig.from_file(write_config(run, cfg)).model
+        model = models.build(model_cfg)
+        models.materialize(model, model_cfg, seed=7, device=torch.device("cpu"))
+        return model
 
     scaled, plain = built("scaled", LLAMA31_ROPE), built("plain", None)
     assert isinstance(scaled, LlamaForCausalLM)
