@@ -52,9 +52,6 @@ def _check_checkpoint_config(cfg: ModelConfig, path: Path) -> None:
     if not config_file.exists():
         raise FileNotFoundError(f"model.init_from={path}: no config.json there; point it at a Hugging Face "
                                 "checkpoint directory")
-    if not any((path / name).exists() for name in ("model.safetensors", "model.safetensors.index.json")):
-        raise FileNotFoundError(f"model.init_from={path}: no model.safetensors or model.safetensors.index.json "
-                                "there; the trainer reads Hugging Face safetensors")
     found = json.loads(config_file.read_text())
     keys = _LLAMA_KEYS if cfg.family == "llama" else _GPT_KEYS
     mismatched = [f"{key}={found[key]} (spec model.{ours}={getattr(cfg, ours)})"
@@ -97,6 +94,9 @@ def build(cfg: ModelConfig) -> torch.nn.Module:
     if cfg.init_from:
         path = Path(cfg.init_from).expanduser()
         _check_checkpoint_config(cfg, path)
+        if not any((path / name).exists() for name in ("model.safetensors", "model.safetensors.index.json")):
+            raise FileNotFoundError(f"model.init_from={path}: no model.safetensors or model.safetensors.index.json "
+                                    "there; the trainer reads Hugging Face safetensors")
         config = AutoConfig.from_pretrained(path)  # the checkpoint's own: what export writes back
     else:
         config = hf_config(cfg)
