@@ -96,17 +96,18 @@ def bare_loop(steps: int, shape: dict, glibc_defaults: bool = False) -> float:
     from trainer.run_layout import grad_accumulation
     from trainer.train import device as devices
     from trainer.train.config import ModelConfig, OptimConfig
-    from trainer.train.model import build
+    from trainer.train.model import build, materialize
     from trainer.train.optimizer import build_optimizer
     from trainer.train.parallelize import apply_compile
 
     device = devices.resolve(shape["device"])
     if not glibc_defaults:
         devices.keep_freed_memory(device)
-    model = build(ModelConfig(**shape["model"]), seed=1234)
+    model_cfg = ModelConfig(**shape["model"])
+    model = build(model_cfg)
     if shape["compile"]:
         apply_compile(model, device)
-    model.to(device)
+    materialize(model, model_cfg, seed=1234, device=device)
     optimizer = build_optimizer(model, OptimConfig(lr=1e-3), fused=devices.fused_optimizer(device))
     dtype = devices.compute_dtype(device, shape["precision"])
     autocast = torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32)

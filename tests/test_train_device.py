@@ -27,13 +27,15 @@ STEPS = """
 import json, resource, sys, torch
 from trainer.train.config import ModelConfig
 from trainer.train.device import keep_freed_memory
-from trainer.train.model import build
+from trainer.train.model import build, materialize
 
 if sys.argv[1] == "tuned":
     assert keep_freed_memory(torch.device("cpu"))
 torch.set_num_threads(1)
-model = build(ModelConfig(family="llama", num_layers=2, hidden_size=64, ffn_hidden_size=172, num_attention_heads=4,
-                          num_kv_heads=2, vocab_size=4096, max_position_embeddings=128), seed=0)
+cfg = ModelConfig(family="llama", num_layers=2, hidden_size=64, ffn_hidden_size=172, num_attention_heads=4,
+                  num_kv_heads=2, vocab_size=4096, max_position_embeddings=128)
+model = build(cfg)
+materialize(model, cfg, seed=0, device=torch.device("cpu"))
 optimizer = torch.optim.AdamW(model.parameters(), foreach=True)
 tokens = torch.randint(0, 4096, (4, 128))
 
@@ -96,16 +98,18 @@ def test_accelerator_ranks_also_get_gloo_for_the_cpu_tensors_they_agree_on():
 PLACE = """
 import sys, types, torch, torch.distributed as dist
 from trainer.train.config import ModelConfig, ParallelConfig
-from trainer.train.model import build
+from trainer.train.model import build, materialize
 from trainer.train.parallelize import build_mesh, parallelize
 
-dist.init_process_group("gloo", init_method=f"file://{sys.argv[2]}", rank=0, world_size=1)
-model = build(ModelConfig(family="llama", num_layers=2, hidden_size=64, ffn_hidden_size=172, num_attention_heads=4,
-                          num_kv_heads=2, vocab_size=256, max_position_embeddings=64), seed=0)
-target = torch.device(sys.argv[1])
-sharded = parallelize(model, build_mesh(torch.device("cpu"), 1, 1), types.SimpleNamespace(parallel=ParallelConfig()),
-                      target)
-print(sharded, sorted({str(t.device) for t in [*model.parameters(), *model.buffers()]}))
+dist.init_process_group("gloo", init_method=f"file://{sys.argv[1]}", rank=0, world_size=1)
+cfg = ModelConfig(family="gpt", num_layers=2, hidden_size=64, ffn_hidden_size=256, num_attention_heads=4,
+                  vocab_size=256, max_position_embeddings=64)
+model = build(cfg)
+device = torch.device("cpu")
+sharded = parallelize(model, build_mesh(device, 1, 1), types.SimpleNamespace(parallel=ParallelConfig()), device)
+materialize(model, cfg, seed=0, device=device)
+print(sharded, sorted({str(t.device) for t in [*model.parameters(), *model.buffers()]}),
+      model.lm_head.weight is model.transformer.wte.weight)
 dist.destroy_process_group()
 """
 
@@ -119,11 +123,12 @@ def test_a_device_the_node_lacks_is_its_own_error_naming_it():
 
 
 def test_a_world_of_one_trains_on_its_device_not_where_the_model_was_built(tmp_path):
-    # The model is built on the CPU; FSDP moves what it shards, and a single rank has nothing to
-    # shard, so parallelize moves it. "meta" stands for an accelerator this machine lacks.
-    out = subprocess.run([sys.executable, "-c", PLACE, "meta", str(tmp_path / "rendezvous")], cwd=REPO, check=True,
+    # The model is built on the meta device; a single rank has nothing to shard, so nothing of
+    # FSDP places it: materialize does, and keeps GPT-2's output layer tied to its embedding
+    # (to_empty alone gives each its own tensor).
+    out = subprocess.run([sys.executable, "-c", PLACE, str(tmp_path / "rendezvous")], cwd=REPO, check=True,
                          capture_output=True, text=True)
-    assert out.stdout.split() == ["False", "['meta']"]
+    assert out.stdout.split() == ["False", "['cpu']", "True"]
 
 
 def test_cuda_ranks_update_with_fused_adamw_and_other_devices_with_foreach():

@@ -98,8 +98,9 @@ class Trainer:
         dp_rank, dp_size = mesh["dp"].get_local_rank(), mesh["dp"].size()
         self.grad_accumulation = grad_accumulation(cfg.global_batch_size, cfg.micro_batch_size, dp_size)
 
-        self.model = models.build(cfg.model, cfg.seed)
+        self.model = models.build(cfg.model)  # on the meta device: split first, then given values
         self.sharded = parallelize(self.model, mesh, cfg, self.device)
+        models.materialize(self.model, cfg.model, cfg.seed, self.device)
         # Unsharded, autocast gives the compute dtype that FSDP's mixed precision gives sharded.
         dtype = devices.compute_dtype(self.device, cfg.precision)
         self.autocast = torch.autocast(self.device.type, dtype=dtype, enabled=not self.sharded and dtype != torch.float32)

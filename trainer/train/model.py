@@ -4,13 +4,18 @@ safetensors + config.json."""
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import shutil
+from collections.abc import Callable, Iterator
+from itertools import chain
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForCausalLM, GPT2Config, LlamaConfig, PretrainedConfig
+from safetensors import safe_open
+from torch.distributed.tensor import DTensor, distribute_tensor
+from transformers import AutoConfig, AutoModelForCausalLM, GPT2Config, LlamaConfig, PretrainedConfig
 
 from trainer.train.config import ModelConfig
 
@@ -34,6 +39,12 @@ def hf_config(cfg: ModelConfig) -> PretrainedConfig:
     return GPT2Config(vocab_size=cfg.vocab_size, n_embd=cfg.hidden_size, n_layer=cfg.num_layers,
                       n_head=cfg.num_attention_heads, n_inner=cfg.ffn_hidden_size,
                       n_positions=cfg.max_position_embeddings, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+
+
+def decoder_blocks(model: torch.nn.Module) -> torch.nn.ModuleList:
+    if hasattr(model, "model"):  # LlamaForCausalLM
+        return model.model.layers
+    return model.transformer.h  # GPT2LMHeadModel
 
 
 def _check_checkpoint_config(cfg: ModelConfig, path: Path) -> None:
@@ -73,18 +84,109 @@ def _rope_mismatches(cfg: ModelConfig, found: dict) -> list[str]:
     return out
 
 
-def build(cfg: ModelConfig, seed: int) -> torch.nn.Module:
-    """The full model on the CPU in fp32: initialised from ``seed``, or loaded from ``init_from``.
+def build(cfg: ModelConfig) -> torch.nn.Module:
+    """The model's modules on the meta device: every shape, no memory and no values.
 
-    Every rank builds the same weights; FSDP then keeps only each rank's shard and moves it to
-    the device. Building on the CPU keeps initialisation identical across parallel layouts.
+    Parallelize it (parallelize.py), then :func:`materialize` gives each rank the values of its
+    own shards. Built whole on the CPU, the model took a full fp32 copy in every rank's host
+    memory before FSDP kept a shard of it: 280 GB a rank for a 70B model.
     """
     if cfg.init_from:
         path = Path(cfg.init_from).expanduser()
         _check_checkpoint_config(cfg, path)
-        return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation="sdpa")
+        if not any((path / name).exists() for name in ("model.safetensors", "model.safetensors.index.json")):
+            raise FileNotFoundError(f"model.init_from={path}: no model.safetensors or model.safetensors.index.json "
+                                    "there; the trainer reads Hugging Face safetensors")
+        config = AutoConfig.from_pretrained(path)  # the checkpoint's own: what export writes back
+    else:
+        config = hf_config(cfg)
+    with torch.device("meta"):
+        return AutoModelForCausalLM.from_config(config, dtype=torch.float32, attn_implementation="sdpa")
+
+
+@torch.no_grad()
+def materialize(model: torch.nn.Module, cfg: ModelConfig, seed: int, device: torch.device) -> None:
+    """Give the (parallelized) meta model its values on ``device``: loaded from ``init_from``,
+    else initialised from ``seed``.
+
+    One unit at a time (a decoder block, or a module outside the blocks: an embedding, the final
+    norm, the output layer), every rank makes the unit's full tensors on the CPU, drawing from
+    one generator seeded once, in the model's module order, by Hugging Face's own rules
+    (``_init_weights``), or reading them from the checkpoint, and keeps its own piece of each.
+    The values thus depend on the seed alone, whatever the data- and tensor-parallel layout, and
+    host memory holds a unit or two beyond the rank's shards (tests/test_train_loop.py measures
+    it). The price is that every rank draws (or reads) every value, as the whole-model build did;
+    drawing only a shard's values on the device's generator would tie them to the layout and the
+    device.
+    """
+    model.to_empty(device=device)
+    # to_empty gives each module tensors of its own, untying GPT-2's output layer from its
+    # embedding wherever FSDP did not take them (a world of one): tie them again.
+    model.tie_weights()
+    targets = dict(model.named_parameters(remove_duplicate=False)) | dict(model.named_buffers(remove_duplicate=False))
+    with torch.device("meta"):
+        twin = AutoModelForCausalLM.from_config(model.config, dtype=torch.float32)  # the same modules, unsplit
+    saved = set(twin.state_dict())  # RoPE's buffers are computed, never saved
+    read = _checkpoint_reader(Path(cfg.init_from).expanduser(), twin.base_model_prefix) if cfg.init_from else None
+    placed: set[int] = set()  # tied weights (GPT-2's output layer is its embedding) take their first unit's values
     torch.manual_seed(seed)
-    return AutoModelForCausalLM.from_config(hf_config(cfg), dtype=torch.float32, attn_implementation="sdpa")
+    for prefix, meta_unit in _units(twin):
+        # A copy, dropped whole with its values at the end of the iteration: emptying the twin's
+        # unit in place instead left its new (meta) tensors' small allocations in the holes the
+        # freed values left, and the heap grew by a tenth of every layer.
+        unit = copy.deepcopy(meta_unit).to_empty(device="cpu")
+        tensors = [(name, tensor) for name, tensor in [*unit.named_parameters(prefix), *unit.named_buffers(prefix)]
+                   if id(targets[name]) not in placed]
+        if read:
+            for name, tensor in tensors:
+                if name in saved:
+                    tensor.copy_(read(name))
+                    tensor._is_hf_initialized = True  # HF's init functions leave such tensors alone
+        unit.apply(twin._init_weights)  # children first, then the block, as HF applies it
+        for name, tensor in tensors:
+            _keep_shard(targets[name], tensor)
+            placed.add(id(targets[name]))
+
+
+def _units(model: torch.nn.Module) -> Iterator[tuple[str, torch.nn.Module]]:
+    """Each decoder block whole (HF initialises a block's modules together: GPT-2 scales its
+    residual projections from the block's attention and MLP), and each module outside the
+    blocks that holds tensors of its own, in module order."""
+    blocks = {id(block) for block in decoder_blocks(model)}
+    inside = {id(module) for block in decoder_blocks(model) for module in block.modules()}
+    for name, module in model.named_modules():
+        holds = any(True for _ in chain(module.parameters(recurse=False), module.buffers(recurse=False)))
+        if id(module) in blocks or (id(module) not in inside and holds):
+            yield name, module
+
+
+def _keep_shard(target: torch.Tensor, full: torch.Tensor) -> None:
+    if isinstance(target, DTensor):
+        # Every rank holds the same full tensor, so each keeps its own piece without
+        # communication (src_data_rank=None); torch splits it as the placements say.
+        full = distribute_tensor(full, target.device_mesh, target.placements, src_data_rank=None).to_local()
+        target = target.to_local()
+    target.copy_(full)
+
+
+def _checkpoint_reader(path: Path, prefix: str) -> Callable[[str], torch.Tensor]:
+    """``name`` -> the tensor the checkpoint's safetensors hold under it, read alone. GPT-2's
+    Hub checkpoints name their tensors without the model's ``transformer.`` prefix."""
+    index = path / "model.safetensors.index.json"
+    weight_map = json.loads(index.read_text())["weight_map"] if index.exists() else None
+
+    def read(name: str) -> torch.Tensor:
+        for key in (name, name.removeprefix(f"{prefix}.")):
+            file = weight_map.get(key) if weight_map is not None else "model.safetensors"
+            if file is None:
+                continue
+            with safe_open(path / file, framework="pt") as f:
+                if key in f.keys():
+                    return f.get_tensor(key)
+        raise ValueError(f"model.init_from={path}: its safetensors hold no {name}; point it at a checkpoint "
+                         "of this model")
+
+    return read
 
 
 def export(config: PretrainedConfig, full_state: dict[str, torch.Tensor], out: str) -> None:

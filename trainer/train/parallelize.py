@@ -1,5 +1,7 @@
 """Parallelism applied to a built model by functions, in a fixed order: tensor parallel,
-float8, activation checkpointing, compile, then FSDP2. The model classes stay stock Hugging Face."""
+float8, activation checkpointing, compile, then FSDP2. The model classes stay stock Hugging Face.
+The model is on the meta device here, as in torchtitan: model.materialize gives it its values
+once it is split."""
 
 from __future__ import annotations
 
@@ -15,17 +17,12 @@ from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, 
 from trainer.run_layout import data_parallel_size
 from trainer.train import device as devices
 from trainer.train.config import TrainConfig
+from trainer.train.model import decoder_blocks
 
 
 def build_mesh(device: torch.device, world_size: int, tp: int) -> DeviceMesh:
     dp = data_parallel_size(world_size, tp, world="of this run ")
     return init_device_mesh(device.type, (dp, tp), mesh_dim_names=("dp", "tp"))
-
-
-def decoder_blocks(model: torch.nn.Module) -> torch.nn.ModuleList:
-    if hasattr(model, "model"):  # LlamaForCausalLM
-        return model.model.layers
-    return model.transformer.h  # GPT2LMHeadModel
 
 
 def apply_tp(model: torch.nn.Module, tp_mesh: DeviceMesh) -> None:
@@ -92,7 +89,6 @@ def parallelize(model: torch.nn.Module, mesh: DeviceMesh, cfg: TrainConfig, devi
     if cfg.parallel.compile:
         apply_compile(model, device)
     if mesh.size() == 1:
-        model.to(device)  # FSDP moves what it shards; unsharded, the model leaves the CPU here
         return False
     apply_fsdp(model, mesh["dp"], devices.compute_dtype(device, cfg.precision))
     return True
