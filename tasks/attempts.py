@@ -20,8 +20,8 @@ from typing import Any, Callable
 
 from prefect.runtime import flow_run
 
-from tasks.executor import (NODE_STATES, Cluster, excluded_after, job_folder, job_nodes, job_running, on_nodes,
-                           run_job, usable_nodes, wait_gone)
+from tasks.executor import (NODE_STATES, Cluster, excluded_after, failure_nodes, job_folder, job_nodes, job_running,
+                           on_nodes, run_job, usable_nodes, wait_gone)
 from jobs.slurm import JobRequest, SlurmJobFailed, _logger
 from pretrain import manifest
 from pretrain.device_samples import DeviceSamples
@@ -187,12 +187,16 @@ def run_attempts(spec: PretrainSpec, cluster: Cluster, follower: MetricsFollower
         follower.restart()
         started = time.monotonic()
         submitted: list[Any] = []
+        # The nodes a failure names, as the job ended, for a job whose newest accounting record has
+        # none: one that Slurm requeued after a node failure and the job layer cancelled.
+        failed_on: list[str] = []
         try:
             # Time spent waiting in the queue, first or again after a requeue, is no hang.
             run_job(request, cluster, job_folder(spec, cluster), on_submit=submitted.append,
                     on_poll=lambda: follower.poll(started=job_running(submitted[0])))
             outcome = COMPLETED
         except SlurmJobFailed as failure:
+            failed_on = failure_nodes(failure, cluster)
             follower.read_devices()
             faulty = {node: errors for node, errors in follower.devices.faulty_nodes().items()
                       if node not in attempts.excluded}
@@ -220,7 +224,7 @@ def run_attempts(spec: PretrainSpec, cluster: Cluster, follower: MetricsFollower
         follower.read()
         described = explain(outcome)  # reads what the trainer left: once per attempt
         attempts.history.append({"attempt": attempt + 1, "job": submitted[0].job_id if submitted else None,
-                                 "nodes": ",".join(job_nodes(submitted[0])) if submitted else "",
+                                 "nodes": ",".join((job_nodes(submitted[0]) if submitted else []) or failed_on),
                                  "outcome": described,
                                  "seconds": round(time.monotonic() - started, 1),
                                  "step": max(follower.stream.points, default=0)})
