@@ -662,9 +662,9 @@ class PretrainSpec(Strict):
         if c.fewest_nodes == c.nodes:
             return
         if self.backend.kind != "native":
-            raise ValueError(f"cluster.min_nodes={c.min_nodes} is below cluster.nodes={c.nodes}: only backend.kind=native "
-                             "resumes a run on fewer nodes (its checkpoints reshard to any data-parallel size); unset "
-                             f"cluster.min_nodes for backend.kind={self.backend.kind}")
+            raise ValueError(f"cluster.min_nodes={c.min_nodes} is below cluster.nodes={c.nodes}: only "
+                             "backend.kind=native resumes a run on fewer nodes (its checkpoints reshard to any "
+                             f"data-parallel size); unset cluster.min_nodes for backend.kind={self.backend.kind}")
         for nodes in range(c.fewest_nodes, c.nodes):
             allowed = f"{nodes} node(s), which cluster.min_nodes={c.min_nodes} allows"
             try:

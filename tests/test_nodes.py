@@ -247,12 +247,13 @@ def test_a_node_lost_mid_training_the_run_goes_on_with_the_nodes_left(three_node
     records = metrics_records(Path(result["run_dir"]) / "metrics.jsonl")
     newest = max(complete_when_lost)
     assert INTERVAL <= newest < STEPS and result["resumed_from"] == newest
-    resumed = [(e["step"], e["from_step"], e["data_parallel"], e["grad_accumulation"]) for e in events(records, "resumed")]
-    assert resumed == [(newest, newest, 2, 3)]
+    resumed = events(records, "resumed")
+    assert [(e["step"], e["from_step"], e["data_parallel"], e["grad_accumulation"]) for e in resumed] == [
+        (newest, newest, 2, 3)]
     assert logged_steps(records) == list(range(1, STEPS + 1)), "every step exactly once, in order"
     consumed = [r["consumed_samples"] for r in records if "event" not in r and "loss" in r]
     assert consumed == [12 * step for step in range(1, STEPS + 1)], "the global batch stayed 12 samples"
-    assert {state for state, _, _ in node_table().values()} <= {"idle", "mix"}  # node3 is back
+    assert {node_state for node_state, _, _ in node_table().values()} <= {"idle", "mix"}  # node3 is back
 
 
 def test_only_the_node_slurm_holds_failed_is_excluded_from_the_next_attempt(three_nodes):
