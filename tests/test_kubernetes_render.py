@@ -118,8 +118,8 @@ def test_a_run_that_may_shrink_is_refused_on_kubernetes_before_the_block_is_read
 
     spec = load_spec("tiny-local", ["cluster.block=kubernetes-cluster/eks", "cluster.nodes=2", "cluster.min_nodes=1",
                                     "cluster.devices_per_node=1"])
-    with pytest.raises(ValueError, match="cluster.min_nodes=1: a run goes on with fewer nodes on Slurm only; "
-                                         "cluster.block=kubernetes-cluster/eks runs on Kubernetes: unset cluster.min_nodes"):
+    with pytest.raises(ValueError, match="cluster.min_nodes=1: a run goes on with fewer nodes on Slurm only; cluster"
+                                         ".block=kubernetes-cluster/eks runs on Kubernetes: unset cluster.min_nodes"):
         cluster_for(spec)
 
 
