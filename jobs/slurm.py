@@ -44,6 +44,11 @@ TERMINAL_STATES = {
     "COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
     "BOOT_FAIL", "DEADLINE", "REVOKED",
 }
+# Slurm queues a batch job again after a node failure (JobRequeue=1, the default: slurm.conf(5)),
+# asking for the nodes it had, the lost one included. The job layer reports the failure and its
+# caller decides what runs next (the train task resubmits without the lost node), so such a job is
+# cancelled as it ends: scancel drops the requeue while the job completes, or ends the queued copy.
+REQUEUED_BY_SLURM = {"NODE_FAIL"}
 LOG_TAIL_LINES = 30
 # How often a follow loop asks the server whether its flow run was cancelled.
 CANCEL_CHECK_S = 5.0
@@ -620,7 +625,10 @@ def wait_all(jobs: list[submitit.Job], names: list[str], poll_s: float = 2.0,
             if done:
                 time.sleep(0.2)  # the last lines reach the log just before the job ends
                 stream(i)
-                _active_jobs.pop(jobs[i].job_id, None)
+                if record.state in REQUEUED_BY_SLURM:
+                    cancel(jobs[i])
+                else:
+                    _active_jobs.pop(jobs[i].job_id, None)
                 outcomes[i] = _outcome(jobs[i], names[i], record, followers[i])
                 pending.remove(i)
             elif (not isinstance(jobs[i], submitit.LocalJob) and record is not None and record.state == "PENDING"

@@ -516,11 +516,34 @@ class ClusterSpec(Strict):
     executor: Literal["auto", "slurm", "local"] = Field(
         "auto", description="Overrides the block: slurm, local processes, or auto-detect.")
     nodes: int = Field(1, gt=0)
+    min_nodes: int | None = Field(None, gt=0, description="The fewest nodes training may go on with after losing "
+                                  "some: a resubmission asks for as many of cluster.nodes as the partition still "
+                                  "has healthy (not down, drained or left out after a node failure), down to this "
+                                  "many, and resumes there with fewer data-parallel ranks (the global batch stays, "
+                                  "gradient accumulation grows). Unset: cluster.nodes, and a resubmission waits for "
+                                  "that many. backend.kind=native on Slurm.")
     devices_per_node: int = Field(1, gt=0, description="Ranks per node: GPUs, (logical) NeuronCores, "
                                   "or CPU processes.")
     cpus_per_task: int | None = Field(None, gt=0)
     mem_gb: float | None = Field(None, gt=0)
     time_limit_min: int = Field(gt=0, description="Slurm time limit of the training job, in minutes.")
+
+    @model_validator(mode="after")
+    def _min_nodes_up_to_nodes(self) -> ClusterSpec:
+        if self.min_nodes is not None and self.min_nodes > self.nodes:
+            raise ValueError(f"cluster.min_nodes={self.min_nodes} is above cluster.nodes={self.nodes}: a run shrinks, "
+                             "it never grows; lower cluster.min_nodes or unset it")
+        return self
+
+    @property
+    def fewest_nodes(self) -> int:
+        return self.min_nodes or self.nodes
+
+    def nodes_with(self, healthy: int) -> int:
+        """The nodes a resubmission asks for when the partition has ``healthy`` nodes it may use:
+        all of cluster.nodes if it has them, else as many as it has, but never fewer than
+        cluster.min_nodes (the job then waits for a node to come back)."""
+        return max(self.fewest_nodes, min(self.nodes, healthy))
 
 
 class HubSpec(Strict):
@@ -570,9 +593,13 @@ class PretrainSpec(Strict):
     @property
     def dp(self) -> int:
         """Data-parallel ranks, by the trainer's own arithmetic (trainer/run_layout.py)."""
+        return self.dp_on(self.cluster.nodes, "cluster.nodes")
+
+    def dp_on(self, nodes: int, counted: str) -> int:
+        """Data-parallel ranks on ``nodes`` nodes; ``counted``: where that count comes from, for the message."""
         c, p = self.cluster, self.parallel
-        return data_parallel_size(self.world_size, p.tp, p.pp, p.cp, world=f"cluster.nodes x cluster.devices_per_node "
-                                  f"= {c.nodes} x {c.devices_per_node} = ")
+        return data_parallel_size(nodes * c.devices_per_node, p.tp, p.pp, p.cp,
+                                  world=f"{counted} x cluster.devices_per_node = {nodes} x {c.devices_per_node} = ")
 
     @property
     def grad_accumulation(self) -> int:
@@ -603,6 +630,7 @@ class PretrainSpec(Strict):
         # dp = world / (tp x pp x cp) and global batch = micro batch x dp x accumulation, each
         # asked of the rule the trainer runs by; either raises naming its fields
         self.grad_accumulation  # noqa: B018
+        self._check_shrinking()
         # NxD's automatic partition puts the remainder on the last stages, as the converter does
         # (``create_partitions`` in aws-neuron/neuronx-distributed
         # src/neuronx_distributed/pipeline/partition.py). Megatron-LM needs equal stages and reads
@@ -626,6 +654,24 @@ class PretrainSpec(Strict):
                              "has no validation data (Megatron fails with an AssertionError): set "
                              "training.eval_iters=0 or give the split a validation weight")
         return self
+
+    def _check_shrinking(self) -> None:
+        """A run that may go on with fewer nodes (cluster.min_nodes) must lay out, by the trainer's
+        rules, on every count down to it, and its backend must resume on fewer ranks."""
+        c, t = self.cluster, self.training
+        if c.fewest_nodes == c.nodes:
+            return
+        if self.backend.kind != "native":
+            raise ValueError(f"cluster.min_nodes={c.min_nodes} is below cluster.nodes={c.nodes}: only "
+                             "backend.kind=native resumes a run on fewer nodes (its checkpoints reshard to any "
+                             f"data-parallel size); unset cluster.min_nodes for backend.kind={self.backend.kind}")
+        for nodes in range(c.fewest_nodes, c.nodes):
+            allowed = f"{nodes} node(s), which cluster.min_nodes={c.min_nodes} allows"
+            try:
+                dp = self.dp_on(nodes, "nodes")
+                grad_accumulation(t.global_batch_size, t.micro_batch_size, dp, section="training.")
+            except ValueError as exc:
+                raise ValueError(f"on {allowed}: {exc}; or raise cluster.min_nodes") from None
 
     def _check_nxdt(self) -> None:
         """Fill the family's published defaults, then refuse what NxD Training's own code refuses

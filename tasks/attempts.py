@@ -1,7 +1,8 @@
 """The attempt loop every training backend's train task shares: submit the job, follow its
 metrics (progress and loss-curve artifacts, hang detection), resubmit it when it dies, leaving
-out the nodes a node failure left suspect, and end with the run's summary or a failure naming
-every attempt. It runs on Slurm and on Kubernetes alike, through :mod:`tasks.executor`.
+out the nodes a node failure left suspect (going on with fewer, down to ``cluster.min_nodes``, when
+the partition has no others), and end with the run's summary or a failure naming every attempt.
+It runs on Slurm and on Kubernetes alike, through :mod:`tasks.executor`.
 
 The run directory is keyed by the spec, the dataset and the flow run, so a retry of a train task,
 or a resubmission after the job died, resumes from the run's newest complete checkpoint while a
@@ -19,8 +20,8 @@ from typing import Any, Callable
 
 from prefect.runtime import flow_run
 
-from tasks.executor import (NODE_STATES, Cluster, excluded_after, job_folder, job_nodes, job_running, on_nodes,
-                           run_job, wait_gone)
+from tasks.executor import (NODE_STATES, Cluster, excluded_after, failure_nodes, job_folder, job_nodes, job_running,
+                           on_nodes, run_job, usable_nodes, wait_gone)
 from jobs.slurm import JobRequest, SlurmJobFailed, _logger
 from pretrain import manifest
 from pretrain.device_samples import DeviceSamples
@@ -165,25 +166,37 @@ def run_attempts(spec: PretrainSpec, cluster: Cluster, follower: MetricsFollower
                  explain: Callable[[str], str] = str) -> Attempts:
     """Submit the training job, follow its metrics, and resubmit it when it dies, up to
     ``max_restarts`` times. ``prepare(attempt)`` readies the run directory and returns the request
-    (the job layer adds the excluded nodes); ``finished(outcome)`` says whether the run is done,
-    ``outcome`` being :data:`COMPLETED` when the job ended well; ``explain(outcome)`` is the
-    attempt's outcome as the history records it, in the trainer's words where it left any. Every
-    backend's train task uses this loop; each resumes from its own newest checkpoint."""
+    (the loop adds the excluded nodes and, for a run that may shrink, asks for the nodes left);
+    ``finished(outcome)`` says whether the run is done, ``outcome`` being :data:`COMPLETED` when
+    the job ended well; ``explain(outcome)`` is the attempt's outcome as the history records it, in
+    the trainer's words where it left any. Every backend's train task uses this loop; each resumes
+    from its own newest checkpoint."""
     logger = _logger()  # the task's log, or a plain one where a test calls the loop itself
     attempts = Attempts()
     for attempt in range(max_restarts + 1):
         if attempts.excluded and cluster.nodelist:
             cluster = on_nodes(cluster, [h for h in cluster.nodelist if h not in attempts.excluded])
         request = replace(prepare(attempt), exclude=tuple(sorted(attempts.excluded)))
+        if attempt and spec.cluster.fewest_nodes < request.nodes:
+            # A run allowed to shrink goes on with the healthy nodes left rather than wait for a
+            # lost or drained one to come back; the trainer resumes with fewer data-parallel ranks.
+            left = usable_nodes(cluster) - attempts.excluded
+            request = replace(request, nodes=spec.cluster.nodes_with(len(left)))
+            if cluster.nodelist:  # the nodes precompile warmed, as many as are left
+                cluster = on_nodes(cluster, [h for h in cluster.nodelist if h in left])
         follower.restart()
         started = time.monotonic()
         submitted: list[Any] = []
+        # The nodes a failure names, as the job ended, for a job whose newest accounting record has
+        # none: one that Slurm requeued after a node failure and the job layer cancelled.
+        failed_on: list[str] = []
         try:
             # Time spent waiting in the queue, first or again after a requeue, is no hang.
             run_job(request, cluster, job_folder(spec, cluster), on_submit=submitted.append,
                     on_poll=lambda: follower.poll(started=job_running(submitted[0])))
             outcome = COMPLETED
         except SlurmJobFailed as failure:
+            failed_on = failure_nodes(failure, cluster)
             follower.read_devices()
             faulty = {node: errors for node, errors in follower.devices.faulty_nodes().items()
                       if node not in attempts.excluded}
@@ -211,7 +224,7 @@ def run_attempts(spec: PretrainSpec, cluster: Cluster, follower: MetricsFollower
         follower.read()
         described = explain(outcome)  # reads what the trainer left: once per attempt
         attempts.history.append({"attempt": attempt + 1, "job": submitted[0].job_id if submitted else None,
-                                 "nodes": ",".join(job_nodes(submitted[0])) if submitted else "",
+                                 "nodes": ",".join((job_nodes(submitted[0]) if submitted else []) or failed_on),
                                  "outcome": described,
                                  "seconds": round(time.monotonic() - started, 1),
                                  "step": max(follower.stream.points, default=0)})

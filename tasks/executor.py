@@ -14,7 +14,7 @@ import submitit
 from blocks.cluster import SlurmCluster
 from blocks.kubernetes import KubernetesCluster
 from jobs import kubernetes, slurm
-from jobs.nodes import expand_nodes, unhealthy_nodes
+from jobs.nodes import expand_nodes, read_partition, unhealthy_nodes
 from jobs.kubernetes import KubernetesTarget, SubmittedJob
 from jobs.slurm import JobRequest, SlurmJobFailed, load_block
 from render import kubernetes as manifests
@@ -43,6 +43,9 @@ def cluster_for(spec: Any) -> Cluster:
     if spec.cluster.executor != "auto":
         raise ValueError(f"cluster.executor={spec.cluster.executor} is a Slurm setting; cluster.block={block} "
                          "runs on Kubernetes: leave cluster.executor at auto")
+    if spec.cluster.fewest_nodes < spec.cluster.nodes:
+        raise ValueError(f"cluster.min_nodes={spec.cluster.min_nodes}: a run goes on with fewer nodes on Slurm only; "
+                         f"cluster.block={block} runs on Kubernetes: unset cluster.min_nodes")
     target = KubernetesTarget(load_kubernetes_block(block.removeprefix(KUBERNETES_PREFIX)), spec)
     manifests.check_paths(target.cluster, spec)
     return target
@@ -80,6 +83,13 @@ def on_nodes(cluster: Cluster, nodes: Iterable[str]) -> Cluster:
     if isinstance(cluster, KubernetesTarget):
         return dataclasses.replace(cluster, nodelist=tuple(nodes))
     return cluster.model_copy(update={"nodelist": list(nodes)})
+
+
+def usable_nodes(cluster: SlurmCluster) -> set[str]:
+    """The nodes of the cluster's partition that Slurm holds in service (not down, drained, failing
+    or not responding), less those the block excludes: what a resubmission may still run on."""
+    partition = read_partition(cluster.partition)
+    return set(partition.usable) - set(cluster.exclude) if partition else set()
 
 
 def job_running(job: Job) -> bool:

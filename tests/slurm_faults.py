@@ -1,14 +1,19 @@
-"""Faults the tests inject into the local Slurm cluster."""
+"""Faults the tests inject into the local Slurm cluster, and what they read of a training run to
+time them: its metrics stream, its job in the queue."""
 
 from __future__ import annotations
 
 import contextlib
+import json
 import subprocess
 import threading
-from collections.abc import Iterable, Iterator
+import time
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
+from typing import Any
 
 from deployments.stack.slurm import PREEMPT_GRES
+from trainer.train.checkpoint import complete_steps
 
 
 def preempt() -> str:
@@ -72,3 +77,67 @@ def following(group: CpuGroup, command: str) -> Iterator[None]:
     finally:
         done.set()
         mover.join()
+
+
+def metrics_records(path: Path) -> list[dict[str, Any]]:
+    records = []
+    for line in path.read_text().splitlines():
+        try:
+            records.append(json.loads(line))
+        except ValueError:
+            pass  # the line the trainer is writing right now
+    return records
+
+
+def logged_steps(records: list[dict[str, Any]]) -> list[int]:
+    return [r["step"] for r in records if "event" not in r and "loss" in r]
+
+
+def events(records: list[dict[str, Any]], name: str) -> list[dict[str, Any]]:
+    return [r for r in records if r.get("event") == name]
+
+
+def queued(job_name: str) -> list[str]:
+    """``JOBID STATE`` of every job of that name that squeue still lists."""
+    out = subprocess.run(["squeue", "-h", "-n", job_name, "-o", "%i %T"], capture_output=True, text=True,
+                         check=True)
+    return out.stdout.splitlines()
+
+
+class Fault(threading.Thread):
+    """Waits, while a flow trains in ``root``, until the run's job ``job_name`` runs, has logged
+    ``after_step`` and its checkpoint of step ``checkpoint`` is complete; then calls
+    ``inject(job_id, run_dir)`` once."""
+
+    def __init__(self, job_name: str, root: Path, inject: Callable[[str, Path], Any], *, after_step: int,
+                 checkpoint: int, timeout_s: float = 240):
+        super().__init__(daemon=True)
+        self.job_name, self.root, self.inject, self.timeout_s = job_name, root, inject, timeout_s
+        self.after_step, self.checkpoint = after_step, checkpoint
+        self.job_id: str | None = None
+        self.at_step: int | None = None
+        self.result: Any = None
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            deadline = time.monotonic() + self.timeout_s
+            while time.monotonic() < deadline:
+                for metrics in (self.root / "train").glob("*/metrics.jsonl"):
+                    steps = logged_steps(metrics_records(metrics))
+                    running = [line.split()[0] for line in queued(self.job_name) if line.endswith("RUNNING")]
+                    if (steps and max(steps) >= self.after_step and len(running) == 1
+                            and self.checkpoint in complete_steps(metrics.parent / "checkpoints")):
+                        self.job_id, self.at_step = running[0], max(steps)
+                        self.result = self.inject(self.job_id, metrics.parent)
+                        return
+                time.sleep(0.3)
+            raise AssertionError(f"{self.job_name}: the run never got past step {self.after_step}")
+        except BaseException as exc:  # raised in the test by check()
+            self.error = exc
+
+    def check(self) -> None:
+        self.join(timeout=10)
+        if self.error is not None:
+            raise self.error
+        assert self.job_id is not None, "the fault was never injected"

@@ -112,6 +112,17 @@ def test_paths_outside_the_volume_and_a_missing_image_are_refused():
         kubernetes.batch_job(runbook_cluster(), spec, "j", "fetch", Command(["true"]), 10)
 
 
+def test_a_run_that_may_shrink_is_refused_on_kubernetes_before_the_block_is_read():
+    """Going on with fewer nodes (cluster.min_nodes) counts the Slurm partition's healthy nodes."""
+    from tasks.executor import cluster_for
+
+    spec = load_spec("tiny-local", ["cluster.block=kubernetes-cluster/eks", "cluster.nodes=2", "cluster.min_nodes=1",
+                                    "cluster.devices_per_node=1"])
+    with pytest.raises(ValueError, match="cluster.min_nodes=1: a run goes on with fewer nodes on Slurm only; cluster"
+                                         ".block=kubernetes-cluster/eks runs on Kubernetes: unset cluster.min_nodes"):
+        cluster_for(spec)
+
+
 def test_cli_render_of_the_eks_preset_writes_the_jobs_and_the_pytorchjob(tmp_path):
     """Without a Prefect server at hand, the render uses the runbook's cluster (runbook_cluster)."""
     assert main(["render", "gpt3-7.5b-eks", "--out", str(tmp_path)]) == 0

@@ -4,6 +4,7 @@ stack the rest of the suite uses is never disturbed."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -13,15 +14,25 @@ import time
 from pathlib import Path
 
 import pytest
+from prefect import flow
 
 from blocks.cluster import SlurmCluster
 from deployments import stack
 from deployments.stack import nodes
 from deployments.stack.processes import alive
 from jobs.node import Command
-from jobs.slurm import JobRequest, SlurmJobFailed, run_job, submit, wait
-from tasks.executor import excluded_after
+from jobs.slurm import JobRequest, SlurmJobFailed, run_job, submit, wait, wait_gone
+from pretrain.presets import load_spec
+from pretrain.toy_tokenizers import llama3_style
+from render.dataset_files import tokenizer_paths
+from render.tokenize_command import tokenize_command
+from slurm_faults import Fault, events, logged_steps, metrics_records
+from tasks.executor import excluded_after, usable_nodes
+from tasks.train import train
+from trainer.tokenize import output_prefix
+from trainer.train.checkpoint import complete_steps
 
+REPO = Path(__file__).resolve().parents[1]
 BASE_PORT = 7917  # test_stack.py's second stack is on 7817
 PREFIX = nodes.name_prefix(BASE_PORT)
 SUBNET = f"10.213.{BASE_PORT % 256}"
@@ -145,15 +156,110 @@ def test_a_node_lost_mid_job_is_marked_down_and_named_by_the_failure(three_nodes
     with pytest.raises(SlurmJobFailed) as failed:
         wait(job, "lost-node", poll_s=1, max_wait_s=90)
     assert failed.value.state == "NODE_FAIL" and "lost node node3" in str(failed.value)
+    # Slurm would queue the job again, lost node and all; the job layer cancelled it as it ended
+    assert wait_gone(job, timeout_s=30)
     assert node_table()["node3"][0] == "down*"
     assert excluded_after(failed.value, SlurmCluster(executor="slurm")) == {"node3"}
     stack.up(three_nodes, ("slurm",))
     assert {state for state, _, _ in node_table().values()} <= {"idle", "mix"}
 
 
+STEPS, INTERVAL = 30, 10
+LOSS_SPEC = ["name=node-loss", "cluster.executor=slurm", "cluster.nodes=3", "cluster.min_nodes=2",
+             "cluster.devices_per_node=1", "cluster.cpus_per_task=1", "model.num_layers=2",
+             "training.micro_batch_size=2", "training.global_batch_size=12", f"training.train_steps={STEPS}",
+             f"training.checkpoint_interval={INTERVAL}", "training.eval_iters=0", "cluster.time_limit_min=10",
+             "backend.native.compile=false", "backend.native.export_hf=false"]
+
+
+@flow
+def train_on_nodes(overrides: list[str], dataset: str, data_dir: str) -> dict:
+    return train(load_spec("tiny-local", overrides), dataset, data_dir)
+
+
+def corpus(directory: Path) -> list[str]:
+    """This repository's documentation, one document per page (140 kB of English): text already on
+    the machine, as the demo corpus is, without its 8 CPU-seconds of parsing the standard library."""
+    texts = [page.read_text() for page in sorted((REPO / "docs").glob("*.md"))]
+    with open(directory / "corpus.jsonl", "w") as jsonl:
+        jsonl.writelines(json.dumps({"text": text}) + "\n" for text in texts)
+    return texts
+
+
+def tokenized(spec, directory: Path) -> str:
+    """The tokenize node program, run by hand on the corpus: the dataset's prefix."""
+    argv = tokenize_command(spec, [str(directory / "corpus.jsonl")], str(directory / "corpus"),
+                            {flag: str(path) for flag, path in tokenizer_paths(spec, directory).items()},
+                            python=sys.executable)
+    subprocess.run(argv, check=True, capture_output=True)
+    return output_prefix(str(directory / "corpus"), "text")
+
+
+def test_a_node_lost_mid_training_the_run_goes_on_with_the_nodes_left(three_nodes, tmp_path, monkeypatch,
+                                                                       clean_queue):
+    """The train task in a flow, one rank per node on the three nodes (gloo over the bridge), loses
+    node3 mid-run: its link is cut, as a dead switch port or NIC would cut it, so node3 falls
+    silent and the other ranks wait for it in the step's all-reduce. Slurm marks node3 down
+    (SlurmdTimeout), the job ends NODE_FAIL naming it, and the resubmission leaves node3 out and,
+    cluster.min_nodes=2 allowing it, goes on with node1 and node2 rather than wait for a third:
+    two data-parallel ranks accumulating three micro-batches of 2 where three ranks took two,
+    resumed from the checkpoint that was newest and complete when node3 was lost (DCP reshards
+    it), the global batch and the order of samples unchanged, every step in the stream once."""
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")  # one thread per rank on 2 cores; the jobs inherit it
+    clean_queue.append("node-loss-train")
+    tokenizer = llama3_style(tmp_path / "tokenizer", corpus(tmp_path))
+    overrides = [*LOSS_SPEC, f"paths.root={tmp_path}", f"tokenizer.path={tokenizer}"]
+    dataset = tokenized(load_spec("tiny-local", overrides), tmp_path)
+    link = f"{PREFIX}n3"  # node3's port on the stack's bridge
+
+    def cut_node3(job_id: str, run_dir: Path) -> tuple[str, list[int]]:
+        """node3's state and the complete checkpoints once the job has ended, before the next starts."""
+        subprocess.run(["ip", "link", "set", link, "down"], check=True)
+        deadline = time.monotonic() + 90
+        while slurm("sacct", "-X", "-n", "-P", "-o", "State", "-j", job_id).strip() != "NODE_FAIL":
+            assert time.monotonic() < deadline, f"job {job_id} did not end NODE_FAIL"
+            time.sleep(0.5)
+        return node_table()["node3"][0], complete_steps(run_dir / "checkpoints")
+
+    fault = Fault("node-loss-train", tmp_path, cut_node3, after_step=INTERVAL + 2, checkpoint=INTERVAL)
+    fault.start()
+    try:
+        state = train_on_nodes(overrides, dataset, str(tmp_path), return_state=True)
+        fault.check()
+    finally:
+        # node3 comes back as a rebooted node does: its link up, its slurmd started afresh, which
+        # registers at once (the old one would wait for Slurm's next ping of a down node) and
+        # has the job's steps left on node3 ended.
+        subprocess.run(["ip", "link", "set", link, "up"], check=True)
+        os.kill(stack.status(three_nodes)["slurm"]["slurmd@node3"], signal.SIGKILL)
+        stack.up(three_nodes, ("slurm",))
+    assert state.is_completed(), state.message
+    result = state.result()
+    node3_state, complete_when_lost = fault.result
+    assert node3_state == "down*"
+    first, last = result["attempts"]
+    assert first["job"] == fault.job_id and first["nodes"] == "node1,node2,node3", first
+    assert first["outcome"].startswith("NODE_FAIL: ") and "lost node node3" in first["outcome"], first
+    assert last["nodes"] == "node1,node2" and last["outcome"] == "completed", last
+    assert result["excluded_nodes"] == ["node3"]
+    assert result["status"] == "finished" and result["step"] == STEPS
+
+    records = metrics_records(Path(result["run_dir"]) / "metrics.jsonl")
+    newest = max(complete_when_lost)
+    assert INTERVAL <= newest < STEPS and result["resumed_from"] == newest
+    resumed = events(records, "resumed")
+    assert [(e["step"], e["from_step"], e["data_parallel"], e["grad_accumulation"]) for e in resumed] == [
+        (newest, newest, 2, 3)]
+    assert logged_steps(records) == list(range(1, STEPS + 1)), "every step exactly once, in order"
+    consumed = [r["consumed_samples"] for r in records if "event" not in r and "loss" in r]
+    assert consumed == [12 * step for step in range(1, STEPS + 1)], "the global batch stayed 12 samples"
+    assert {node_state for node_state, _, _ in node_table().values()} <= {"idle", "mix"}  # node3 is back
+
+
 def test_only_the_node_slurm_holds_failed_is_excluded_from_the_next_attempt(three_nodes):
     """After NODE_FAIL the job's node list names every node it ran on; the one to leave out is
-    the one Slurm now holds down or drained (here node2, drained for the test)."""
+    the one Slurm now holds down or drained (here node2, drained for the test). A node drained
+    between attempts is not counted among those a shrinking run's resubmission may use."""
     def failure(state: str) -> SlurmJobFailed:
         return SlurmJobFailed("42", "tiny-local-train", state, "", [], exit_code="0:0", nodes="node[1-3]")
 
@@ -166,6 +272,7 @@ def test_only_the_node_slurm_holds_failed_is_excluded_from_the_next_attempt(thre
     slurm("scontrol", "update", "nodename=node2", "state=drain", "reason=test: failed node")
     try:
         assert excluded(failure("NODE_FAIL")) == {"node2"}
+        assert usable_nodes(SlurmCluster(executor="slurm")) == {"node1", "node3"}
         # A crash, a cancel or a time limit says nothing against the nodes: they stay in.
         assert excluded(failure("FAILED")) == set() == excluded(failure("TIMEOUT"))
     finally:

@@ -203,6 +203,34 @@ def test_world_size_must_fit_the_model_parallel_layout():
     assert "parallel.tp x parallel.pp x parallel.cp = 32 x 8 x 1 = 256" in message
 
 
+THREE_NODES = ["cluster.nodes=3", "cluster.devices_per_node=1", "training.micro_batch_size=2",
+               "training.global_batch_size=12"]
+
+
+def test_a_run_shrinks_after_losing_nodes_only_as_far_as_min_nodes():
+    """A resubmission asks for every node of cluster.nodes the partition still has healthy, and
+    no fewer than cluster.min_nodes; unset, it asks for cluster.nodes whatever is left."""
+    shrinking = load_spec("tiny-local", [*THREE_NODES, "cluster.min_nodes=2"])
+    assert [shrinking.cluster.nodes_with(healthy) for healthy in (0, 1, 2, 3, 5)] == [2, 2, 2, 3, 3]
+    assert [load_spec("tiny-local", THREE_NODES).cluster.nodes_with(healthy) for healthy in (2, 5)] == [3, 3]
+    assert "cluster.min_nodes=4 is above cluster.nodes=3" in rejected("tiny-local", *THREE_NODES, "cluster.min_nodes=4")
+
+
+def test_every_node_count_a_run_may_shrink_to_must_lay_out():
+    # 6 = 2 x 3 on three nodes, but not a multiple of 2 x 2 on the two that cluster.min_nodes allows
+    message = rejected("tiny-local", *THREE_NODES, "training.global_batch_size=6", "cluster.min_nodes=2")
+    assert message.endswith("on 2 node(s), which cluster.min_nodes=2 allows: training.global_batch_size=6 is not "
+                            "divisible by training.micro_batch_size x dp = 2 x 2: use a multiple of 4; or raise "
+                            "cluster.min_nodes"), message
+    message = rejected("tiny-local", "cluster.nodes=4", "cluster.min_nodes=3", "cluster.devices_per_node=1",
+                       "parallel.tp=2", "training.global_batch_size=8", "training.micro_batch_size=2")
+    assert "on 3 node(s), which cluster.min_nodes=3 allows: world size nodes x cluster.devices_per_node = 3 x 1 = 3 " \
+           "is not a multiple of parallel.tp x parallel.pp x parallel.cp = 2 x 1 x 1 = 2" in message
+    # NxDT resumes only on the layout that saved its checkpoint
+    message = rejected("llama3-70b", "cluster.min_nodes=8")
+    assert "only backend.kind=native resumes a run on fewer nodes" in message and "backend.kind=neuron" in message
+
+
 def test_lnc_belongs_to_trn2():
     assert "trn1 has no logical NeuronCores" in rejected("llama3-70b", "backend.neuron.lnc=2")
 

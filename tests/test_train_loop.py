@@ -457,6 +457,24 @@ def test_ranks_share_checking_a_checkpoint_and_each_names_the_damage(corpus, dp_
     assert record["status"] == "failed" and str(damaged) in record["reason"], record
 
 
+def test_a_run_resumes_on_fewer_data_parallel_ranks_with_the_same_steps(corpus, dp_baseline, tmp_path):
+    """A node lost for good, the run goes on with the ranks left: one process resumes from the
+    checkpoint two data-parallel ranks wrote. DCP reshards model and optimizer (FSDP's two shards
+    of each tensor into one), the global batch stays (one rank accumulates the two micro-batches
+    two ranks took), and the samples go on from the consumed-samples count: every step is logged
+    once and its loss is the uninterrupted two-rank run's."""
+    run = tmp_path / "run"
+    copy_run(dp_baseline, run, corpus)
+    shutil.rmtree(step_dir(run / "checkpoints", STEPS))  # lost with the node: resume from the one before
+
+    assert_finished(train(run))
+    assert [(e["from_step"], e["data_parallel"], e["grad_accumulation"]) for e in events(run, "resumed")] == [
+        (STEPS - INTERVAL, 1, 2)]
+    assert logged_steps(run) == list(range(1, STEPS + 1))
+    assert [r["consumed_samples"] for r in step_lines(run)] == [4 * s for s in range(1, STEPS + 1)]
+    assert_losses_match(run, losses(dp_baseline), 1e-5)
+
+
 # ----------------------------------------------------------------------------- evaluation
 
 

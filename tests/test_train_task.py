@@ -28,11 +28,10 @@ from deployments.demo import save_credentials_block, seed_corpus
 from pretrain.corpus import corpus_texts
 from pretrain.presets import load_spec
 from pretrain.toy_tokenizers import llama3_style
-from slurm_faults import PREEMPT_GRES, CpuGroup, preempt
+from slurm_faults import PREEMPT_GRES, CpuGroup, Fault, events, logged_steps, metrics_records, preempt, queued
 from tasks.fetch import fetch
 from tasks.tokenize import tokenize
 from tasks.train import train
-from trainer.train.checkpoint import complete_steps
 
 STEPS = 25
 INTERVAL = 10
@@ -86,31 +85,6 @@ def overrides_for(name: str, root: Path, corpus: Corpus, *extra: str) -> list[st
 # ---------------------------------------------------------------- reading the run
 
 
-def metrics_records(path: Path) -> list[dict[str, Any]]:
-    records = []
-    for line in path.read_text().splitlines():
-        try:
-            records.append(json.loads(line))
-        except ValueError:
-            pass  # the line the trainer is writing right now
-    return records
-
-
-def logged_steps(records: list[dict[str, Any]]) -> list[int]:
-    return [r["step"] for r in records if "event" not in r and "loss" in r]
-
-
-def events(records: list[dict[str, Any]], name: str) -> list[dict[str, Any]]:
-    return [r for r in records if r.get("event") == name]
-
-
-def queued(job_name: str) -> list[str]:
-    """``JOBID STATE`` of every job of that name that squeue still lists."""
-    out = subprocess.run(["squeue", "-h", "-n", job_name, "-o", "%i %T"], capture_output=True, text=True,
-                         check=True)
-    return out.stdout.splitlines()
-
-
 def trainer_processes(config: Path) -> dict[str, int]:
     """The processes of ``trainer train --config <config>``: torchrun as "launcher", each rank as
     "rank<RANK>" (torchrun sets RANK for its workers)."""
@@ -142,47 +116,11 @@ def assert_nothing_left(job_name: str, config: Path) -> None:
     assert sampler == "", f"device sampler left behind: {sampler}"
 
 
-class Fault(threading.Thread):
-    """Waits, while the flow runs, until the run has logged FAULT_AFTER_STEP and its first
-    checkpoint is complete; then calls ``inject(job_id, run_dir)`` once."""
-
-    def __init__(self, job_name: str, root: Path, inject: Callable[[str, Path], Any], timeout_s: float = 240):
-        super().__init__(daemon=True)
-        self.job_name, self.root, self.inject, self.timeout_s = job_name, root, inject, timeout_s
-        self.job_id: str | None = None
-        self.at_step: int | None = None
-        self.result: Any = None
-        self.error: BaseException | None = None
-
-    def run(self) -> None:
-        try:
-            deadline = time.monotonic() + self.timeout_s
-            while time.monotonic() < deadline:
-                for metrics in (self.root / "train").glob("*/metrics.jsonl"):
-                    steps = logged_steps(metrics_records(metrics))
-                    running = [line.split()[0] for line in queued(self.job_name) if line.endswith("RUNNING")]
-                    if (steps and max(steps) >= FAULT_AFTER_STEP and len(running) == 1
-                            and INTERVAL in complete_steps(metrics.parent / "checkpoints")):
-                        self.job_id, self.at_step = running[0], max(steps)
-                        self.result = self.inject(self.job_id, metrics.parent)
-                        return
-                time.sleep(0.3)
-            raise AssertionError(f"{self.job_name}: the run never got past step {FAULT_AFTER_STEP}")
-        except BaseException as exc:  # raised in the test by check()
-            self.error = exc
-
-    def check(self) -> None:
-        self.join(timeout=10)
-        if self.error is not None:
-            raise self.error
-        assert self.job_id is not None, "the fault was never injected"
-
-
 def run_with_fault(name: str, root: Path, corpus: Corpus, inject: Callable[[str, Path], Any],
                    *extra: str, steps: int = STEPS) -> tuple[dict, Fault, list[dict[str, Any]]]:
     """The train task in a flow, with ``inject`` fired mid-run; returns the task's result, the
     fault and the final metrics records, after checking what every fault must end with."""
-    fault = Fault(f"{name}-train", root, inject)
+    fault = Fault(f"{name}-train", root, inject, after_step=FAULT_AFTER_STEP, checkpoint=INTERVAL)
     fault.start()
     state = train_only(overrides_for(name, root, corpus, *extra, f"training.train_steps={steps}"), corpus.dataset,
                        corpus.data_dir, return_state=True)

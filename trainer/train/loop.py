@@ -209,7 +209,10 @@ class Trainer:
     def train(self) -> dict[str, Any]:
         cfg = self.cfg
         if self.resumed_from is not None:
-            self.metrics.log_event(self.step, "resumed", from_step=self.resumed_from)
+            # The world may be smaller than the one that saved (a node lost, the run shrunk to the
+            # nodes left): the global batch stays, each rank accumulates more micro-batches.
+            self.metrics.log_event(self.step, "resumed", from_step=self.resumed_from, data_parallel=self.dp_size,
+                                   grad_accumulation=self.grad_accumulation)
         tokens_per_step = cfg.global_batch_size * cfg.seq_length
         last: dict[str, float] = {}
         warmed = False
