@@ -107,10 +107,12 @@ def queued(job_name: str) -> list[str]:
 class Fault(threading.Thread):
     """Waits, while a flow trains in ``root``, until the run's job ``job_name`` runs, has logged
     ``after_step`` and its checkpoint of step ``checkpoint`` is complete; then calls
-    ``inject(job_id, run_dir)`` once."""
+    ``inject(job_id, run_dir)`` once. The wait ends as soon as the run gets there; its bound is
+    generous because a job may first wait in a partition that is down, then start its trainer
+    on two cores that the rest of the suite keeps busy."""
 
     def __init__(self, job_name: str, root: Path, inject: Callable[[str, Path], Any], *, after_step: int,
-                 checkpoint: int, timeout_s: float = 240):
+                 checkpoint: int, timeout_s: float = 480):
         super().__init__(daemon=True)
         self.job_name, self.root, self.inject, self.timeout_s = job_name, root, inject, timeout_s
         self.after_step, self.checkpoint = after_step, checkpoint
