@@ -603,8 +603,13 @@ class PretrainSpec(Strict):
 
     @property
     def grad_accumulation(self) -> int:
+        return self.grad_accumulation_on(self.cluster.nodes, "cluster.nodes")
+
+    def grad_accumulation_on(self, nodes: int, counted: str) -> int:
+        """Micro-batches per step on ``nodes`` nodes (``counted``: as for :meth:`dp_on`)."""
         t = self.training
-        return grad_accumulation(t.global_batch_size, t.micro_batch_size, self.dp, section="training.")
+        return grad_accumulation(t.global_batch_size, t.micro_batch_size, self.dp_on(nodes, counted),
+                                 section="training.")
 
     @property
     def tokens_per_step(self) -> int:
@@ -658,7 +663,7 @@ class PretrainSpec(Strict):
     def _check_shrinking(self) -> None:
         """A run that may go on with fewer nodes (cluster.min_nodes) must lay out, by the trainer's
         rules, on every count down to it, and its backend must resume on fewer ranks."""
-        c, t = self.cluster, self.training
+        c = self.cluster
         if c.fewest_nodes == c.nodes:
             return
         if self.backend.kind != "native":
@@ -668,8 +673,7 @@ class PretrainSpec(Strict):
         for nodes in range(c.fewest_nodes, c.nodes):
             allowed = f"{nodes} node(s), which cluster.min_nodes={c.min_nodes} allows"
             try:
-                dp = self.dp_on(nodes, "nodes")
-                grad_accumulation(t.global_batch_size, t.micro_batch_size, dp, section="training.")
+                self.grad_accumulation_on(nodes, "nodes")
             except ValueError as exc:
                 raise ValueError(f"on {allowed}: {exc}; or raise cluster.min_nodes") from None
 

@@ -70,14 +70,14 @@ def corpus(local_stack, prefect_harness, tmp_path_factory) -> Corpus:  # its flo
     return Corpus(tokenizer, data_dir, dataset)
 
 
-def overrides_for(name: str, root: Path, corpus: Corpus, *extra: str) -> list[str]:
-    """A 2-layer tiny-local run of STEPS steps, checkpointed every INTERVAL, in its own root, on
+def overrides_for(name: str, root: Path, corpus: Corpus, *extra: str, steps: int = STEPS) -> list[str]:
+    """A 2-layer tiny-local run of ``steps`` steps (STEPS unless a test needs more), checkpointed every INTERVAL, in its own root, on
     one rank: what the job layer does with a fault does not depend on the rank count, and a
     second rank costs every job start about 10 CPU-seconds here (the tests that need two say so).
     ``extra`` overrides come last and win."""
     return [f"name={name}", f"paths.root={root}", f"tokenizer.path={corpus.tokenizer}", "cluster.executor=slurm",
             "cluster.devices_per_node=1", "model.num_layers=2", "training.global_batch_size=8",
-            f"training.train_steps={STEPS}",
+            f"training.train_steps={steps}",
             f"training.checkpoint_interval={INTERVAL}", "training.eval_iters=0", "cluster.time_limit_min=10",
             "backend.native.compile=false", "backend.native.export_hf=false", *extra]
 
@@ -122,8 +122,8 @@ def run_with_fault(name: str, root: Path, corpus: Corpus, inject: Callable[[str,
     fault and the final metrics records, after checking what every fault must end with."""
     fault = Fault(f"{name}-train", root, inject, after_step=FAULT_AFTER_STEP, checkpoint=INTERVAL)
     fault.start()
-    state = train_only(overrides_for(name, root, corpus, *extra, f"training.train_steps={steps}"), corpus.dataset,
-                       corpus.data_dir, return_state=True)
+    state = train_only(overrides_for(name, root, corpus, *extra, steps=steps), corpus.dataset, corpus.data_dir,
+                       return_state=True)
     fault.check()
     assert state.is_completed(), state.message
     result = state.result()
