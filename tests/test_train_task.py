@@ -71,7 +71,7 @@ def corpus(local_stack, prefect_harness, tmp_path_factory) -> Corpus:  # its flo
 
 
 def overrides_for(name: str, root: Path, corpus: Corpus, *extra: str, steps: int = STEPS) -> list[str]:
-    """A 2-layer tiny-local run of ``steps`` steps (STEPS unless a test needs more), checkpointed every INTERVAL, in its own root, on
+    """A 2-layer tiny-local run of ``steps`` steps, checkpointed every INTERVAL, in its own root, on
     one rank: what the job layer does with a fault does not depend on the rank count, and a
     second rank costs every job start about 10 CPU-seconds here (the tests that need two say so).
     ``extra`` overrides come last and win."""
