@@ -67,6 +67,9 @@ def test_up_starts_every_component_and_is_idempotent(second_stack):
     assert s3.get_object(Bucket="stack-test", Key="k")["Body"].read() == b"v"
     with urllib.request.urlopen(env["PREFECT_API_URL"] + "/health", timeout=5) as resp:
         assert json.loads(resp.read()) is True
+    # A day of cancelled runs must not keep the idle server busy (deployments/stack/prefect_server.py).
+    with urllib.request.urlopen(env["PREFECT_API_URL"] + "/admin/settings", timeout=5) as resp:
+        assert json.loads(resp.read())["server"]["services"]["cancellation_cleanup"]["loop_seconds"] == 120
 
 
 def test_up_recovers_after_a_daemon_is_killed(second_stack):

@@ -19,7 +19,13 @@ def server_env(root: Path, port: int) -> dict[str, str]:
            # The UI calls this address; it must be this server's own /api (left unset it
            # is built from PREFECT_SERVER_API_HOST/PORT, not the port the server was started on:
            # server.ui.api_url in https://docs.prefect.io/v3/api-ref/settings-ref).
-           "PREFECT_SERVER_UI_API_URL": f"http://127.0.0.1:{port}/api"}
+           "PREFECT_SERVER_UI_API_URL": f"http://127.0.0.1:{port}/api",
+           # Every loop, the cancellation clean-up queues a job for each run cancelled in the
+           # last day, to cancel its unfinished task runs. On this SQLite server 100 such runs
+           # (a day of `make test`) kept a tenth of a core busy at the 20 s default; at 2 min
+           # it is a sixtieth. Our tasks end Cancelled themselves (jobs/slurm.py ends_cancelled),
+           # so only tasks of other flows wait longer for their state.
+           "PREFECT_SERVER_SERVICES_CANCELLATION_CLEANUP_LOOP_SECONDS": "120"}
     env.pop("PREFECT_API_URL", None)
     return env
 
