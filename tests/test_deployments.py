@@ -355,13 +355,14 @@ def test_nightly_benchmark_passes_against_its_baseline_and_fails_naming_a_slowdo
     steady, slowed = CpuGroup("bench-steady", shares=8192), CpuGroup("bench-slowed", quota_pct=40)
     try:
         with following(steady, trainers):
-            first = run_deployment(worker, "nightly-benchmark/tiny-local", parameters)
-            wait_for(first, worker, {"Running"}, timeout=120)
-            # The deployment's concurrency limit: a run that finds another one going is cancelled, not queued.
-            overlapping = wait_for(run_deployment(worker, "nightly-benchmark/tiny-local", parameters), worker,
-                                   timeout=120)
-            assert overlapping.state.name == "Cancelled"
-            assert wait_for(first, worker).state.is_completed(), flow_run(first).state.message
+            # The deployment's concurrency limit: a run that finds another one going is cancelled, not
+            # queued. Both are started at once: a started run that waited for the first to be Running
+            # was once picked up only after the first had finished, and rightly ran.
+            started = [run_deployment(worker, "nightly-benchmark/tiny-local", parameters) for _ in range(2)]
+            ended = {run_id: wait_for(run_id, worker) for run_id in started}
+            assert sorted(run.state.name for run in ended.values()) == ["Cancelled", "Completed"], \
+                {run_id: (run.state.name, run.state.message) for run_id, run in ended.items()}
+            first = next(run_id for run_id, run in ended.items() if run.state.is_completed())
 
             second = wait_for(run_deployment(worker, "nightly-benchmark/tiny-local", parameters), worker)
         assert second.state.is_completed(), second.state.message

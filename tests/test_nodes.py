@@ -117,7 +117,6 @@ ALL_REDUCE = textwrap.dedent("""\
     import torch
     import torch.distributed as dist
 
-    torch.set_num_threads(1)
     dist.init_process_group("gloo")
     total = torch.tensor([dist.get_rank() + 1.0])
     dist.all_reduce(total)
@@ -133,8 +132,7 @@ def test_torchrun_across_three_nodes_all_reduces_over_gloo(three_nodes, tmp_path
     (tmp_path / "all_reduce.py").write_text(ALL_REDUCE)
     torchrun = Command([sys.executable, "-m", "torch.distributed.run", "--nnodes", "$NNODES", "--node_rank", "$NODE_RANK",
                         "--nproc_per_node", "1", "--master_addr", "$MASTER_ADDR", "--master_port", "$MASTER_PORT",
-                        "--max_restarts", "0", str(tmp_path / "all_reduce.py"), str(tmp_path)],
-                       env={"OMP_NUM_THREADS": "1"})
+                        "--max_restarts", "0", str(tmp_path / "all_reduce.py"), str(tmp_path)])
     results = run_job(JobRequest("all-reduce", torchrun, time_limit_min=3, nodes=3), SlurmCluster(executor="slurm"),
                       tmp_path, poll_s=0.5)
     assert results == [0, 0, 0]
@@ -195,7 +193,7 @@ def tokenized(spec, directory: Path) -> str:
     return output_prefix(str(directory / "corpus"), "text")
 
 
-def test_a_node_lost_mid_training_the_run_goes_on_with_the_nodes_left(three_nodes, tmp_path, monkeypatch,
+def test_a_node_lost_mid_training_the_run_goes_on_with_the_nodes_left(three_nodes, tmp_path,
                                                                        clean_queue):
     """The train task in a flow, one rank per node on the three nodes (gloo over the bridge), loses
     node3 mid-run: its link is cut, as a dead switch port or NIC would cut it, so node3 falls
@@ -205,7 +203,6 @@ def test_a_node_lost_mid_training_the_run_goes_on_with_the_nodes_left(three_node
     two data-parallel ranks accumulating three micro-batches of 2 where three ranks took two,
     resumed from the checkpoint that was newest and complete when node3 was lost (DCP reshards
     it), the global batch and the order of samples unchanged, every step in the stream once."""
-    monkeypatch.setenv("OMP_NUM_THREADS", "1")  # one thread per rank on 2 cores; the jobs inherit it
     clean_queue.append("node-loss-train")
     tokenizer = llama3_style(tmp_path / "tokenizer", corpus(tmp_path))
     overrides = [*LOSS_SPEC, f"paths.root={tmp_path}", f"tokenizer.path={tokenizer}"]

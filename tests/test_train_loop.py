@@ -97,7 +97,7 @@ def command(run: Path, nproc: int) -> list[str]:
 
 
 def environment() -> dict[str, str]:
-    return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    return {**os.environ, "PYTHONUNBUFFERED": "1"}
 
 
 @dataclass
