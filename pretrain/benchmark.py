@@ -17,6 +17,7 @@ import statistics
 import time
 import uuid
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 import fsspec
@@ -79,6 +80,12 @@ def check_thresholds(thresholds: dict[str, float]) -> None:
             raise ValueError(f"thresholds.{name}={value!r}: give a fraction of the baseline >= 0, e.g. 0.1")
 
 
+def benchmark_overrides(steps: int) -> list[str]:
+    """Benchmark mode as spec overrides, given after the user's: a fixed number of steps (not of
+    samples) and no evaluation, which every backend's launch renders (``training.eval_batches``)."""
+    return ["training.benchmark=true", f"training.train_steps={steps}", "training.train_samples=null"]
+
+
 def config_fingerprint(spec: dict[str, Any]) -> str:
     """What makes two benchmark runs comparable: the resolved spec except where outputs go."""
     return manifest.stable_hash({k: v for k, v in spec.items() if k not in ("paths", "description")})[:16]
@@ -91,6 +98,8 @@ class BenchmarkRecord:
     flow_run_id: str
     started: str  # UTC, ISO 8601
     code_version: str
+    # What this run measured: a metric it did not measure is absent (None in older records;
+    # values() passes over both).
     metrics: dict[str, float | None]
     graphs: dict[str, int] = field(default_factory=dict)
     passed: bool | None = None  # None until compared
@@ -108,10 +117,31 @@ class BenchmarkRecord:
                 if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)}
 
 
+# The stages whose output is content-addressed, so that a complete one is handed on, and where its
+# MANIFEST.json is: in the fetched directory itself, or beside the dataset prefix (or Arrow
+# directory), the converted checkpoint and the squashfs that the others return.
+REUSABLE_STAGES = ("fetch", "tokenize", "convert", "image")
+
+
+def reused_stages(outputs: dict[str, Any], started: str) -> list[str]:
+    """The stages of ``outputs`` (a pipeline run's, started at ``started``) that handed on an
+    earlier run's complete output; a backend without one of them (torchtitan tokenizes as it
+    reads, only Megatron-LM builds an image) has nothing to hand on there."""
+    directories = {stage: Path(outputs[stage]) if stage == "fetch" else Path(outputs[stage]).parent
+                   for stage in REUSABLE_STAGES if outputs.get(stage)}
+    return [stage for stage, directory in directories.items() if manifest.created_before(directory, started)]
+
+
 def record_from_run(spec: dict[str, Any], flow_run_id: str, train: dict[str, Any], stage_seconds: dict[str, float],
                     precompile: dict[str, Any] | None, reused: list[str] = ()) -> BenchmarkRecord:
-    """One benchmark run's record from the pipeline's outputs; ``reused``: the stages that handed
-    on an earlier run's output."""
+    """One benchmark run's record from what every backend's stages return: the train stage's
+    metrics summary and the graphs it compiled, the precompile stage's counts where the backend has
+    one. ``reused``: the stages that handed on an earlier run's output.
+
+    A metric the run did not measure is left out, never recorded as 0: MFU that Megatron-LM and
+    NxDT do not print, the step time torchtitan and NxDT do not print, the graph breaks Neuron's
+    compiler does not count. Runs of one configuration share a backend, so its baseline lacks
+    the metric too and nothing is judged on it."""
     summary = train["metrics"]
     metrics: dict[str, float | None] = {name: summary.get(name) for name in
                                          ("tokens_per_s", "step_time_ms", "mfu_pct", "final_loss",
@@ -123,6 +153,7 @@ def record_from_run(spec: dict[str, Any], flow_run_id: str, train: dict[str, Any
         metrics["graphs_compiled_in_training"] = None if None in compiled else sum(compiled)
         metrics["graph_breaks"] = graphs.get("graph breaks")  # torch.compile's count; Neuron's has none
         metrics["graphs_failed_in_precompile"] = graphs.get("failed")
+    metrics = {name: value for name, value in metrics.items() if value is not None}
     metrics.update({f"{STAGE_PREFIX}{stage}": seconds for stage, seconds in stage_seconds.items()
                     if stage not in reused})
     return BenchmarkRecord(spec_name=spec["name"], fingerprint=config_fingerprint(spec), flow_run_id=flow_run_id,

@@ -333,8 +333,9 @@ class RunSummary(TypedDict):
     - ``slurm_jobs``: one ``SlurmJob`` per Slurm job of the run, in submission order.
     - ``stage_seconds``: wall-clock seconds per stage (``{"tokenize": 812.4, "train": ...}``).
     - ``final_step``: the last step logged.
-    - ``tokens_per_s``, ``mfu_pct``: median over the logged steps after the first
-      (see ``metrics_summary``).
+    - ``tokens_per_s``, ``step_time_ms``, ``mfu_pct``: median over the logged steps after the
+      first (see ``metrics_summary``); None where the backend does not report one (MFU from
+      Megatron-LM and NxDT, step time from torchtitan and NxDT).
     - ``final_loss``, ``final_val_loss``: the last finite train and validation losses.
     - ``device_util_pct``, ``device_memory_gib``: mean device utilization over the nodes and
       samples, and the peak memory of any device (``DeviceSamples.figures``).
@@ -371,13 +372,43 @@ def _last_finite(points: list[dict], key: str) -> float | None:
     return next((float(p[key]) for p in reversed(points) if _finite(p.get(key))), None)
 
 
-def metrics_summary(points: list[dict]) -> dict[str, Any]:
+def tokens_per_s(point: dict, seq_length: int | None = None, world_size: int | None = None) -> float | None:
+    """A step's throughput in tokens/s over all devices, from the form its backend prints it in:
+
+    - tokens/s itself (the native trainer);
+    - tokens/s per device (torchtitan's ``tps``: the tokens of a data-parallel rank's batches
+      over the interval's time and the ranks sharing them, tp x pp x cp, so the world size times
+      it; ``log`` in pytorch/torchtitan torchtitan/components/metrics.py);
+    - sequences/s (NxDT's ``throughput``: global batches over a window's time, ``Throughput`` in
+      aws-neuron/neuronx-distributed-training src/neuronx_distributed_training/utils/utils.py;
+      the NxD examples' ``seq/s``) times the sequence length;
+    - the global batch it printed over the step time (Megatron-LM's iteration line, which prints
+      neither rate).
+
+    None when the step prints none of them, or without the count the form needs."""
+    if _finite(rate := point.get("tokens_per_s")):
+        return float(rate)
+    if world_size and _finite(rate := point.get("tokens_per_s_per_device")):
+        return rate * world_size
+    if seq_length and _finite(rate := point.get("throughput_seq_s")):
+        return rate * seq_length
+    batch, step_ms = point.get("global_batch_size"), point.get("step_time_ms")
+    if seq_length and _finite(batch) and _finite(step_ms) and step_ms > 0:
+        return batch * seq_length / (step_ms / 1000)
+    return None
+
+
+def metrics_summary(points: list[dict], seq_length: int | None = None,
+                    world_size: int | None = None) -> dict[str, Any]:
     """The ``RunSummary`` fields that come from the metrics stream: ``final_step``,
-    ``tokens_per_s``, ``step_time_ms``, ``mfu_pct``, ``final_loss``, ``final_val_loss``."""
+    ``tokens_per_s`` (each step's by :func:`tokens_per_s`, given the spec's ``seq_length`` and
+    ``world_size``), ``step_time_ms``, ``mfu_pct``, ``final_loss``, ``final_val_loss``; None for
+    what the stream does not report."""
     ordered = _by_step(points)
+    rates = [{"step": p["step"], "tokens_per_s": tokens_per_s(p, seq_length, world_size)} for p in ordered]
     return {
         "final_step": ordered[-1]["step"] if ordered else None,
-        "tokens_per_s": _median_after_first(ordered, "tokens_per_s"),
+        "tokens_per_s": _median_after_first(rates, "tokens_per_s"),
         "step_time_ms": _median_after_first(ordered, "step_time_ms"),
         "mfu_pct": _median_after_first(ordered, "mfu_pct"),
         "final_loss": _last_finite(ordered, "loss"),

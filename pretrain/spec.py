@@ -247,6 +247,11 @@ class TrainingSpec(Strict):
             raise ValueError(f"training.min_lr={self.min_lr} is above training.lr={self.lr}")
         return self
 
+    @property
+    def eval_batches(self) -> int:
+        """Validation batches per evaluation as every backend is launched: none in benchmark mode."""
+        return 0 if self.benchmark else self.eval_iters
+
 
 class Restarts(Strict):
     """How the train stage treats a job that dies, for every backend."""
@@ -654,7 +659,7 @@ class PretrainSpec(Strict):
             raise ValueError(f"model.seq_length={m.seq_length} must be divisible by 2 x parallel.cp="
                              f"{2 * p.cp} (ring attention splits each sequence into 2 x cp chunks)")
         _, valid, _ = self.data.split_weights
-        if t.eval_iters > 0 and not t.benchmark and valid == 0:
+        if t.eval_batches > 0 and valid == 0:
             raise ValueError(f"training.eval_iters={t.eval_iters} with data.split={self.data.split!r} "
                              "has no validation data (Megatron fails with an AssertionError): set "
                              "training.eval_iters=0 or give the split a validation weight")
@@ -691,7 +696,7 @@ class PretrainSpec(Strict):
             # HFLLamaModule reads model.fusions.flash_attention without a default
             raise ValueError(f"backend.neuron.fusions={neuron.fusions}: NxDT's Llama model reads "
                              "fusions.flash_attention; set it to true or false")
-        if m.family == "llama" and t.eval_iters > 0:
+        if m.family == "llama" and t.eval_batches > 0:
             # HFDataModule.val_dataloader opens data.val_dir, which no stage writes
             raise ValueError(f"training.eval_iters={t.eval_iters}: NxDT's Llama configs validate on a separate "
                              "HF Arrow dataset that the tokenize stage does not write; set training.eval_iters=0")

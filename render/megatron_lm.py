@@ -64,7 +64,7 @@ def pretrain_gpt_args(spec: PretrainSpec, data_prefix: str, checkpoint_dir: str)
         args.append("--bf16")
     if mlm.recompute_activations:
         args.append("--recompute-activations")
-    split, eval_iters = ("100,0,0", 0) if t.benchmark else (spec.data.split, t.eval_iters)
+    split = "100,0,0" if t.benchmark else spec.data.split
     vocab, merges = gpt2_bpe_files(spec, data_prefix)
     data_path = [str(x) for pair in blend(spec, data_prefix) for x in pair] if spec.data.blend else [data_prefix]
     # --legacy-tokenizer: Megatron-LM 0.16's default tokenizer system builds GPT2BPETokenizer as
@@ -74,7 +74,7 @@ def pretrain_gpt_args(spec: PretrainSpec, data_prefix: str, checkpoint_dir: str)
     legacy = ["--legacy-tokenizer"] if release(mlm.version) >= LEGACY_TOKENIZER_FLAG_SINCE else []
     args += ["--data-path", *data_path, "--split", split, "--tokenizer-type", "GPT2BPETokenizer", *legacy,
              "--vocab-file", vocab, "--merge-file", merges,
-             "--log-interval", "1", "--eval-interval", str(t.eval_interval), "--eval-iters", str(eval_iters),
+             "--log-interval", "1", "--eval-interval", str(t.eval_interval), "--eval-iters", str(t.eval_batches),
              "--save", checkpoint_dir, "--load", checkpoint_dir, "--save-interval", str(t.checkpoint_interval)]
     return args + mlm.extra_args
 

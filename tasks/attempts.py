@@ -109,6 +109,14 @@ class MetricsFollower:
                 except (ValueError, KeyError, TypeError):
                     continue  # not a device record: evidence elsewhere, never a reason to stop following
 
+    def summary(self) -> dict[str, Any]:
+        """What the run measured so far: the metrics stream's summary, its throughput in tokens/s
+        whatever form the backend prints it in (the spec gives the sequence length and the world
+        size), and the device samples' figures."""
+        self.read_devices()
+        return {**metrics_summary(self.stream.as_list(), self.spec.model.seq_length, self.spec.world_size),
+                **self.devices.figures()}
+
     def restart(self) -> None:
         """A new attempt: its start-up (and resume) is not a hang."""
         self.last_advance = self.clock()
@@ -246,10 +254,9 @@ def finish_run(spec: PretrainSpec, follower: MetricsFollower, attempts: Attempts
     points = follower.stream.as_list()
     if points:
         publish_loss_curve(spec.name, points)
-    follower.read_devices()
+    measured = follower.summary()
     if follower.devices.nodes:
         publish_devices(spec.name, follower.devices)
-    measured = {**metrics_summary(points), **follower.devices.figures()}
     if not finished:
         failure = attempts.failure()
         failure.metrics, failure.attempts = measured, attempts.history

@@ -93,6 +93,11 @@ def compile_rows(attempt_dir: Path, nodes: int) -> list[dict]:
     return rows
 
 
+def graph_counts(rows: list[dict]) -> dict[str, int]:
+    """The nodes' counts together: graphs, graphs compiled and graphs that failed."""
+    return {k: sum(r[k] for r in rows) for k in ("total", "succeeded", "failed")}
+
+
 def failure_message(rows: list[dict]) -> str | None:
     """Why the attempt must be retried, naming nodes and counts; None when every node is done."""
     problems = []
@@ -192,7 +197,7 @@ def precompile_neuron(spec: PretrainSpec, dataset: str, checkpoint: str | None =
         raise job_error
     return {"nodes": [r["node"] for r in rows], "config_dir": str(conf_dir), "config_name": CONFIG_NAME,
             "compile_cache_url": cache_url,
-            "graphs": {k: sum(r[k] for r in rows) for k in ("total", "succeeded", "failed")},
+            "graphs": graph_counts(rows),
             # neuron_parallel_compile reports what it compiled, not what its cache already held
             "rows": [{"node": r["node"], "compiled": r["succeeded"], "from cache": None} for r in rows],
             "work_dir": str(work)}

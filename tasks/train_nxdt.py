@@ -28,6 +28,7 @@ from tasks.executor import cluster_for, on_nodes
 from jobs.slurm import JobRequest, ends_cancelled, stage_request
 from pretrain.neuron_compile import training_compiles
 from pretrain.spec import PretrainSpec
+from render.native import train_steps
 from render.nxdt import config_yaml
 from render.nxdt_scripts import CONFIG_NAME, TRAIN_LOG, log_dir, node_command, node_name, train_config, train_script
 from tasks.artifacts import retryable
@@ -67,8 +68,9 @@ def compile_rows(run: Path, nodes: int) -> list[dict]:
 @ends_cancelled
 def train_nxdt(spec: PretrainSpec, dataset: str, checkpoint: str | None = None,
                precompiled: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Train with NxDT until ``training.train_steps``; ``checkpoint`` the converted weights to
-    start from, ``precompiled`` the precompile stage's result (its nodes and compile cache)."""
+    """Train with NxDT until ``training.train_steps`` (or ``train_samples``); ``checkpoint`` the
+    converted weights to start from, ``precompiled`` the precompile stage's result (its nodes and
+    compile cache)."""
     logger = get_run_logger()
     n = spec.backend.neuron
     run = run_dir(spec, f"{dataset}|{checkpoint}")
@@ -78,7 +80,7 @@ def train_nxdt(spec: PretrainSpec, dataset: str, checkpoint: str | None = None,
         cluster = on_nodes(cluster, precompiled["nodes"])
     script = run / "train.sh"
     script.write_text(train_script(spec, run, precompiled and precompiled.get("compile_cache_url")))
-    follower = MetricsFollower(spec, run / "node-0" / TRAIN_LOG, spec.training.train_steps or 0,
+    follower = MetricsFollower(spec, run / "node-0" / TRAIN_LOG, train_steps(spec),
                                n.hang_timeout_min * 60, devices_dir=run / "devices")
 
     def prepare(attempt: int) -> JobRequest:

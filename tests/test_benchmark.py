@@ -138,8 +138,9 @@ def test_record_from_run_collects_metrics_graphs_and_stage_times():
                                               "failed": 0}}
     record = record_from_run({"name": "tiny-local", "paths": {}}, "run-1", train, {"fetch": 1.5, "train": 90.0},
                              precompile)
-    assert record.metrics == {"tokens_per_s": 9000.0, "step_time_ms": 220.0, "mfu_pct": None, "final_loss": 4.7,
-                              "device_util_pct": None, "graphs_compiled_in_training": 2, "graph_breaks": 1,
+    # MFU and device utilization were not measured: absent, not None or 0
+    assert record.metrics == {"tokens_per_s": 9000.0, "step_time_ms": 220.0, "final_loss": 4.7,
+                              "graphs_compiled_in_training": 2, "graph_breaks": 1,
                               "graphs_failed_in_precompile": 0, "stage_s:fetch": 1.5, "stage_s:train": 90.0}
     assert record.graphs["compiled"] == 3 and record.code_version
 
