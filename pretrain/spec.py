@@ -248,6 +248,12 @@ class TrainingSpec(Strict):
         return self
 
     @property
+    def steps(self) -> int:
+        """Optimizer steps of the run, as every backend is launched: ``train_steps``, or
+        ``train_samples`` over the global batch, rounded up."""
+        return self.train_steps or -(-self.train_samples // self.global_batch_size)
+
+    @property
     def eval_batches(self) -> int:
         """Validation batches per evaluation as every backend is launched: none in benchmark mode."""
         return 0 if self.benchmark else self.eval_iters

@@ -18,11 +18,6 @@ from trainer.run_layout import checkpoint_dir
 FORWARDED_SIGNALS = "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1,SIGUSR2"
 
 
-def train_steps(spec: PretrainSpec) -> int:
-    t = spec.training
-    return t.train_steps or -(-t.train_samples // t.global_batch_size)
-
-
 def compile_cache_dir(spec: PretrainSpec) -> str:
     return str(Path(spec.backend.native.compile_cache_dir or Path(spec.paths.root) / "compile-cache").expanduser())
 
@@ -34,7 +29,7 @@ def train_config(spec: PretrainSpec, *, dataset: str, run_dir: str, eod_id: int,
     training will, so the evaluation graphs are compiled too."""
     m, t, n = spec.model, spec.training, spec.backend.native
     run = Path(run_dir)
-    steps = steps or train_steps(spec)
+    steps = steps or spec.training.steps
     datasets = blend(spec, dataset)
     return {
         "model": {"family": m.family, "num_layers": m.num_layers, "hidden_size": m.hidden_size,

@@ -19,7 +19,6 @@ import yaml
 
 from pretrain.spec import PretrainSpec
 from render.dataset_files import blend, gpt2_bpe_files
-from render.native import train_steps
 
 MASTER_PORT = 41000  # train_setup.sh's fixed rendezvous port
 # exp_manager's model_parallel_size as the examples write it; NeMo registers the resolver
@@ -35,7 +34,7 @@ def _trainer(spec: PretrainSpec) -> dict[str, Any]:
     if n.instance_type == "trn2":
         trainer["lnc"] = n.lnc
     trainer.update({
-        "num_nodes": spec.cluster.nodes, "max_epochs": -1, "max_steps": train_steps(spec),
+        "num_nodes": spec.cluster.nodes, "max_epochs": -1, "max_steps": spec.training.steps,
         "log_every_n_steps": n.log_every_n_steps, "val_check_interval": t.eval_interval,
         "check_val_every_n_epoch": None, "num_sanity_val_steps": 0,
         # Lightning reads an int as a number of batches and a float as a fraction of the set:

@@ -15,7 +15,7 @@ from pathlib import Path
 from jobs.node import Command
 from pretrain.spec import PretrainSpec
 from render.monitor import monitor_command
-from render.native import compile_cache_dir, train_steps
+from render.native import compile_cache_dir
 from render.shell import shell_line
 from trainer.run_layout import checkpoint_dir
 
@@ -32,7 +32,7 @@ def train_args(spec: PretrainSpec, data_dir: str, run_dir: str, init_from: str |
     shard = spec.dp // titan.data_parallel_replicate
     args = ["--module", titan.module, "--config", titan.config_function,
             "--hf-assets-path", str(spec.tokenizer.path), "--dump-folder", run_dir,
-            "--training.steps", str(train_steps(spec)), "--training.seq-len", str(m.seq_length),
+            "--training.steps", str(spec.training.steps), "--training.seq-len", str(m.seq_length),
             "--training.local-batch-size", str(t.micro_batch_size),
             "--training.global-batch-size", str(t.global_batch_size), "--training.max-norm", str(t.grad_clip),
             "--debug.seed", str(t.seed),

@@ -22,7 +22,6 @@ from tasks.executor import cluster_for
 from jobs.slurm import ends_cancelled, stage_request
 from pretrain.spec import MegatronLMSpec, PretrainSpec
 from render.megatron_lm import in_container, node_command
-from render.native import train_steps
 from tasks.artifacts import retryable
 from tasks.attempts import MetricsFollower, finish_run, job_completed, run_attempts, run_dir
 from trainer.run_layout import checkpoint_dir
@@ -38,7 +37,7 @@ def train_megatron(spec: PretrainSpec, dataset: str, image: str | None = None) -
     run.mkdir(parents=True, exist_ok=True)
     cluster = in_container(cluster_for(spec), spec, image)
     command = node_command(spec, dataset, run)
-    follower = MetricsFollower(spec, run / f"node-{spec.cluster.nodes - 1}.log", train_steps(spec),
+    follower = MetricsFollower(spec, run / f"node-{spec.cluster.nodes - 1}.log", spec.training.steps,
                                settings.hang_timeout_min * 60, devices_dir=run / "devices")
     request = stage_request(spec, f"{spec.name}-train", command)
     attempts = run_attempts(spec, cluster, follower, settings.max_restarts, prepare=lambda attempt: request)

@@ -28,7 +28,6 @@ from tasks.executor import cluster_for, on_nodes
 from jobs.slurm import JobRequest, ends_cancelled, stage_request
 from pretrain.neuron_compile import training_compiles
 from pretrain.spec import PretrainSpec
-from render.native import train_steps
 from render.nxdt import config_yaml
 from render.nxdt_scripts import CONFIG_NAME, TRAIN_LOG, log_dir, node_command, node_name, train_config, train_script
 from tasks.artifacts import retryable
@@ -80,7 +79,7 @@ def train_nxdt(spec: PretrainSpec, dataset: str, checkpoint: str | None = None,
         cluster = on_nodes(cluster, precompiled["nodes"])
     script = run / "train.sh"
     script.write_text(train_script(spec, run, precompiled and precompiled.get("compile_cache_url")))
-    follower = MetricsFollower(spec, run / "node-0" / TRAIN_LOG, train_steps(spec),
+    follower = MetricsFollower(spec, run / "node-0" / TRAIN_LOG, spec.training.steps,
                                n.hang_timeout_min * 60, devices_dir=run / "devices")
 
     def prepare(attempt: int) -> JobRequest:

@@ -21,7 +21,6 @@ from prefect import task
 
 from jobs.slurm import ends_cancelled, stage_request
 from pretrain.spec import PretrainSpec
-from render.native import train_steps
 from render.torchtitan import metrics_rank, node_command
 from tasks.artifacts import retryable
 from tasks.attempts import MetricsFollower, finish_run, job_completed, run_attempts, run_dir
@@ -38,7 +37,7 @@ def train_torchtitan(spec: PretrainSpec, data_dir: str) -> dict[str, Any]:
     run.mkdir(parents=True, exist_ok=True)
     command = node_command(spec, data_dir, run, spec.model.init_from)
     log = run / f"node-{metrics_rank(spec) // spec.cluster.devices_per_node}.log"
-    follower = MetricsFollower(spec, log, train_steps(spec), settings.hang_timeout_min * 60,
+    follower = MetricsFollower(spec, log, spec.training.steps, settings.hang_timeout_min * 60,
                                devices_dir=run / "devices")
     request = stage_request(spec, f"{spec.name}-train", command)
     attempts = run_attempts(spec, cluster_for(spec), follower, settings.max_restarts, prepare=lambda attempt: request)

@@ -47,7 +47,7 @@ def block(log: str, source_ends: str) -> list[str]:
 
 def followed(spec: PretrainSpec, log: Path) -> dict:
     """What the train stage's follower makes of a node log: its metrics summary."""
-    follower = MetricsFollower(spec, log, native.train_steps(spec), hang_timeout_s=60)
+    follower = MetricsFollower(spec, log, spec.training.steps, hang_timeout_s=60)
     follower.read()
     return follower.summary()
 
