@@ -21,13 +21,10 @@ export MERMAID_NODE_MODULES ?= $(CURDIR)/$(NODE_DIR)/node_modules
 # 2 min 20 s on the 2-core machine. uv does not read pip's configuration, so the package sources
 # this machine gives pip (find-links, extra indexes, constraints) are handed to uv as they are,
 # and every index is weighed alike, as pip weighs them (uv's default takes the first index that
-# has a package). uv writes no bytecode at install (pip compiles everything there). Python writes
-# it as modules are first imported, unless PYTHONDONTWRITEBYTECODE is set, as on this machine:
-# then every process compiles torch, transformers and Prefect afresh, 13 CPU-seconds to import
-# them instead of 6.5 (docs/benchmarks.md), in each of the suite's hundreds of job and trainer
-# processes. So what make starts writes bytecode (an empty value is unset for Python), for the
-# modules the pipeline imports only: compiling all of site-packages at install took 113 CPU-s.
-export PYTHONDONTWRITEBYTECODE :=
+# has a package). uv writes no bytecode unless asked (pip compiles at install); with
+# PYTHONDONTWRITEBYTECODE set, as on this machine, every process would then compile torch,
+# transformers and Prefect afresh: 13 CPU-seconds to import them instead of 6.5
+# (docs/benchmarks.md), in each of the suite's hundreds of job and trainer processes.
 UV_VERSION := 0.13.9
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -35,7 +32,7 @@ $(STAMP): pyproject.toml
 	pip_conf() { $(VENV)/bin/pip config get "global.$$1" 2>/dev/null || true; }; \
 	  UV_FIND_LINKS="$$(pip_conf find-links)" UV_EXTRA_INDEX_URL="$$(pip_conf extra-index-url)" \
 	  UV_CONSTRAINT="$$(pip_conf constraint)" UV_INDEX_STRATEGY=unsafe-best-match \
-	  $(VENV)/bin/uv pip install --quiet --python $(VENV)/bin/python -e '.[test]'
+	  $(VENV)/bin/uv pip install --quiet --compile-bytecode --python $(VENV)/bin/python -e '.[test]'
 	touch $@
 
 setup: $(STAMP)
