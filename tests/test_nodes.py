@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 
@@ -20,14 +21,17 @@ from blocks.cluster import SlurmCluster
 from deployments import stack
 from deployments.stack import nodes
 from deployments.stack.processes import alive
+from flows.pretrain import pretrain
 from jobs.node import Command
-from jobs.slurm import JobRequest, SlurmJobFailed, run_job, submit, wait, wait_gone
+from jobs.slurm import JobRequest, SlurmJobFailed, jobs_of_this_flow_run, run_job, submit, wait, wait_gone
+from pretrain import manifest
 from pretrain.presets import load_spec
 from pretrain.toy_tokenizers import llama3_style
 from render.dataset_files import tokenizer_paths
 from render.tokenize_command import tokenize_command
 from slurm_faults import Fault, events, logged_steps, metrics_records
 from tasks.executor import excluded_after, usable_nodes
+from tasks.tokenize import tokenize
 from tasks.train import train
 from trainer.tokenize import output_prefix
 from trainer.train.checkpoint import complete_steps
@@ -251,6 +255,140 @@ def test_a_node_lost_mid_training_the_run_goes_on_with_the_nodes_left(three_node
     consumed = [r["consumed_samples"] for r in records if "event" not in r and "loss" in r]
     assert consumed == [12 * step for step in range(1, STEPS + 1)], "the global batch stayed 12 samples"
     assert {node_state for node_state, _, _ in node_table().values()} <= {"idle", "mix"}  # node3 is back
+
+
+def fetched(root: Path) -> tuple[Path, list[str]]:
+    """The corpus as the fetch stage leaves it: its JSONL in a directory with a manifest."""
+    key_inputs = {"sources": ["corpus.jsonl"]}
+    final = manifest.output_dir(root, "fetch", manifest.stable_hash(key_inputs))
+    with manifest.staged_output(final) as staging:
+        texts = corpus(staging)
+        manifest.write_manifest(staging, "fetch", key_inputs)
+    return final, texts
+
+
+@flow
+def tokenize_on_nodes(overrides: list[str], data_dir: str) -> tuple[str, dict[str, str]]:
+    """The tokenize stage; the dataset and the node of each of its jobs, as the run summary
+    lists them (Slurm's accounting)."""
+    dataset = tokenize.with_options(retries=0)(load_spec("tiny-local", overrides), data_dir)
+    return dataset, {job["name"]: job["nodes"] for job in jobs_of_this_flow_run()}
+
+
+def test_sharded_tokenize_runs_its_shards_on_three_nodes_and_merges_the_bytes_of_one_job(three_nodes, tmp_path):
+    """The tokenize stage as a Slurm array of 3 tasks (data.tokenize_shards=3). Each task asks for
+    the spec's cluster.cpus_per_task for the tokenizer's threads, 2 in tiny-local, and a node of
+    this cluster has 2 CPUs: Slurm gives each task a node of its own, as tasks that each ask for a
+    node's cores spread over a real cluster. The merge of the three shards, written on three
+    hosts, is the dataset one unsharded job writes, byte for byte, under the same content key."""
+    data, texts = fetched(tmp_path)
+    tokenizer = llama3_style(tmp_path / "tokenizer", texts)
+    common = ["cluster.executor=slurm", f"tokenizer.path={tokenizer}"]
+    assert load_spec("tiny-local", common).cluster.cpus_per_task == 2
+    cpus = {node: slurm("scontrol", "show", "node", node).split("CPUTot=")[1].split()[0] for node in NODES}
+    assert cpus == dict.fromkeys(NODES, "2")
+
+    sharded, jobs = tokenize_on_nodes([*common, "data.tokenize_shards=3", f"paths.root={tmp_path / 'sharded'}"],
+                                      str(data))
+    shards = {name: node for name, node in jobs.items() if name != "tokenize-merge"}
+    assert sorted(shards) == [f"tokenize-{i}-of-3" for i in range(3)], jobs
+    assert sorted(shards.values()) == NODES, f"one shard per node: {jobs}"
+    whole, jobs = tokenize_on_nodes([*common, "data.tokenize_shards=1", f"paths.root={tmp_path / 'whole'}"],
+                                    str(data))
+    assert sorted(jobs) == ["tokenize-0-of-1", "tokenize-merge"]
+
+    sharded, whole = Path(sharded), Path(whole)
+    assert sharded.name == whole.name == "data_text_document"
+    for suffix in (".bin", ".idx"):
+        assert sharded.with_suffix(suffix).read_bytes() == whole.with_suffix(suffix).read_bytes(), suffix
+    apart, one = (json.loads((p.parent / manifest.MANIFEST).read_text()) for p in (sharded, whole))
+    assert sharded.parent.name == whole.parent.name  # the same content key: the shard count is not in it
+    # Everything the manifest says of the dataset is the same; the shard records differ by count and time.
+    assert [s["shard"] for s in apart["shards"]] == ["0/3", "1/3", "2/3"]
+    assert [s["shard"] for s in one["shards"]] == ["0/1"]
+    assert all(s["documents"] > 0 for s in apart["shards"])
+    same = ("stage", "key", "key_inputs", "code_version", "files", "input_bytes", "dtype", "documents", "tokens",
+            "skipped")
+    assert {k: apart[k] for k in same} == {k: one[k] for k in same}
+    assert set(apart) - set(same) == {"created", "shards"} and one["documents"] == len(texts)
+
+
+def accounting(since: str, *names: str) -> dict[str, dict[str, str]]:
+    """The jobs of these names submitted since ``since``, by name: Slurm's record of each."""
+    fields = ["JobName", "JobID", "State", "NodeList", "Start", "End"]
+    out = slurm("sacct", "-X", "-n", "-P", "-S", since, "--name", ",".join(names), "-o", ",".join(fields))
+    return {row[0]: dict(zip(fields, row)) for row in (line.split("|") for line in out.splitlines()) if row[0]}
+
+
+def held_until_running(blocker: str, job_name: str) -> threading.Thread:
+    """Ends job ``blocker`` as soon as a job named ``job_name`` runs, and waits until it is gone."""
+    def release() -> None:
+        deadline = time.monotonic() + 300
+        while not slurm("squeue", "-h", "-n", job_name, "-t", "RUNNING", "-o", "%i").strip():
+            if time.monotonic() > deadline:
+                break
+            time.sleep(0.3)
+        slurm("scancel", blocker)
+        while slurm("squeue", "-h", "-j", blocker, "-o", "%i").strip() and time.monotonic() < deadline:
+            time.sleep(0.3)
+
+    thread = threading.Thread(target=release, daemon=True)
+    thread.start()
+    return thread
+
+
+PIN_SPEC = ["name=pinned", "cluster.executor=slurm", "cluster.nodes=2", "cluster.devices_per_node=1",
+            "cluster.cpus_per_task=1", "model.num_layers=1", "training.micro_batch_size=2",
+            "training.global_batch_size=4", "training.train_steps=2", "training.eval_iters=0",
+            "cluster.time_limit_min=10", "backend.native.export_hf=false"]
+
+
+def test_training_runs_on_the_nodes_precompile_warmed_though_slurm_would_pick_another(three_nodes, tmp_path,
+                                                                                       monkeypatch, clean_queue):
+    """The pretrain flow with a 2-node training on the three nodes. While precompile's
+    torch.compile warm-up is scheduled, a job holds node1 (both its CPUs), so the warm-up runs on
+    node2 and node3; that job then ends, before training is submitted. Left to itself Slurm would
+    start a 2-node job on node1 and node2; training runs on node2 and node3, the nodes the warm-up
+    ran on (where a compile cache on node-local disk is warm), and compiles nothing itself. The
+    cache here is the shared <paths.root>/compile-cache, which training on node1 would have found
+    warm too: a node that differs between the two stages does not show in the graph counts."""
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")  # one thread per rank on 2 cores; the jobs inherit it
+    clean_queue.extend(["pinned-precompile", "pinned-train", "node1-busy"])
+    since = time.strftime("%Y-%m-%dT%H:%M:%S")
+    texts = corpus(tmp_path)
+    tokenizer = llama3_style(tmp_path / "tokenizer", texts)
+    overrides = [*PIN_SPEC, f"paths.root={tmp_path}", f"tokenizer.path={tokenizer}",
+                 f"data.sources=[{{uri: {tmp_path / 'corpus.jsonl'}}}]"]
+
+    blocker = slurm("sbatch", "--parsable", "-w", "node1", "-c", "2", "-J", "node1-busy", "-o", "/dev/null",
+                    "--wrap", "sleep 300").strip()
+    deadline = time.monotonic() + 30
+    while slurm("squeue", "-h", "-j", blocker, "-o", "%T").strip() != "RUNNING":
+        assert time.monotonic() < deadline, f"job {blocker} did not start"
+        time.sleep(0.3)
+    release = held_until_running(blocker, "pinned-precompile")
+    outputs = pretrain("tiny-local", overrides)
+    release.join(timeout=10)
+
+    precompiled, trained = outputs["precompile"], outputs["train"]
+    jobs = accounting(since, "node1-busy", "pinned-precompile", "pinned-train")
+    assert jobs["pinned-precompile"]["NodeList"] == "node[2-3]" and jobs["pinned-precompile"]["State"] == "COMPLETED"
+    assert jobs["pinned-train"]["NodeList"] == "node[2-3]" and jobs["pinned-train"]["State"] == "COMPLETED"
+    # node1 was free before training was submitted ...
+    assert jobs["node1-busy"]["End"] <= jobs["pinned-train"]["Start"], jobs
+    # ... and a 2-node job of the same shape would start on it now
+    test_only = subprocess.run(["sbatch", "--test-only", "-N", "2", "-c", "1", "--wrap", "true"],
+                               capture_output=True, text=True, check=True).stderr
+    assert "on nodes node[1-2]" in test_only, test_only
+    # what the stages record: the warm-up's nodes, handed to training, and the training job's
+    assert precompiled["nodes"] == ["node2", "node3"] and precompiled["graphs"]["compiled"] > 0, precompiled
+    [attempt] = trained["attempts"]
+    assert attempt["job"] == jobs["pinned-train"]["JobID"] and attempt["nodes"] == "node2,node3", attempt
+    assert attempt["outcome"] == "completed" and trained["status"] == "finished" and trained["step"] == 2
+    # every graph training needed came from the warm-up's cache, on both nodes
+    compiled = {row["node"]: (row["compiled"], row["from cache"]) for row in trained["compiled_during_training"]}
+    assert sorted(compiled) == ["node2", "node3"], compiled
+    assert all(built == 0 and hits > 0 for built, hits in compiled.values()), compiled
 
 
 def test_only_the_node_slurm_holds_failed_is_excluded_from_the_next_attempt(three_nodes):
