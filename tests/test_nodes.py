@@ -344,7 +344,7 @@ PIN_SPEC = ["name=pinned", "cluster.executor=slurm", "cluster.nodes=2", "cluster
 
 
 def test_training_runs_on_the_nodes_precompile_warmed_though_slurm_would_pick_another(three_nodes, tmp_path,
-                                                                                       monkeypatch, clean_queue):
+                                                                                       clean_queue):
     """The pretrain flow with a 2-node training on the three nodes. While precompile's
     torch.compile warm-up is scheduled, a job holds node1 (both its CPUs), so the warm-up runs on
     node2 and node3; that job then ends, before training is submitted. Left to itself Slurm would
@@ -352,7 +352,6 @@ def test_training_runs_on_the_nodes_precompile_warmed_though_slurm_would_pick_an
     ran on (where a compile cache on node-local disk is warm), and compiles nothing itself. The
     cache here is the shared <paths.root>/compile-cache, which training on node1 would have found
     warm too: a node that differs between the two stages does not show in the graph counts."""
-    monkeypatch.setenv("OMP_NUM_THREADS", "1")  # one thread per rank on 2 cores; the jobs inherit it
     clean_queue.extend(["pinned-precompile", "pinned-train", "node1-busy"])
     since = time.strftime("%Y-%m-%dT%H:%M:%S")
     texts = corpus(tmp_path)

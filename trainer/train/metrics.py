@@ -22,7 +22,6 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from torch.utils.tensorboard import SummaryWriter
 
 
 @dataclass(kw_only=True)
@@ -98,6 +97,9 @@ class MetricsWriter:
             _keep_steps_up_to(path, resume_step)
         self._jsonl = path.open("a", encoding="utf-8")
         if cfg.tensorboard_dir:
+            # Imported here, by the one rank that writes: tensorboard's import costs a rank 0.9 CPU-s.
+            from torch.utils.tensorboard import SummaryWriter
+
             # TensorBoard readers drop events at or after purge_step from earlier files.
             self._tensorboard = SummaryWriter(cfg.tensorboard_dir, purge_step=resume_step + 1)
 
