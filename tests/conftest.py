@@ -40,7 +40,8 @@ def prefect_harness(tmp_path_factory):
     os.environ.pop("PREFECT_API_URL", None)
     from prefect.testing.utilities import prefect_test_harness
 
-    with prefect_test_harness(server_startup_timeout=120):
+    # Its first start creates the database schema: 2 min once, on cores shared with a chaos soak.
+    with prefect_test_harness(server_startup_timeout=300):
         yield
 
 
