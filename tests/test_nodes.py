@@ -22,11 +22,12 @@ from deployments.stack import nodes
 from deployments.stack.processes import alive
 from jobs.node import Command
 from jobs.slurm import JobRequest, SlurmJobFailed, run_job, submit, wait, wait_gone
+from pretrain.metrics_records import events, logged_steps, metrics_records
 from pretrain.presets import load_spec
 from pretrain.toy_tokenizers import llama3_style
 from render.dataset_files import tokenizer_paths
 from render.tokenize_command import tokenize_command
-from slurm_faults import Fault, events, logged_steps, metrics_records
+from slurm_faults import Fault
 from tasks.executor import excluded_after, usable_nodes
 from tasks.train import train
 from trainer.tokenize import output_prefix
