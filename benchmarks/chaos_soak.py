@@ -2,7 +2,7 @@
 while faults strike at random intervals (issue 25, section 3).
 
     PYTHONPATH=. .venv/bin/python benchmarks/chaos_soak.py [--minutes 20] [--fault-every-s 180]
-        [--seed 0] [--nodes 3] [--faults rank,slurmd,...] [--steps 600] [--record FILE]
+        [--seed 0] [--nodes 3] [--faults rank,slurmd,...] [--steps 200] [--record FILE]
 
 Runs as root (the stack's daemons, network namespaces, a tmpfs). It starts a stack of its own
 (`pretrain stack up --nodes 3`: Slurm with one slurmd per network namespace, the S3 server and
@@ -28,13 +28,13 @@ of 2 and a global batch of 12 so that the run may go on with 2 nodes or 1 after 
    - ``server``: the Prefect server stopped and started again;
    - ``slurmctld``: the controller stopped and started again;
    - ``s3``: the S3 server stopped as the next flow run starts, so that its fetch meets it down,
-     and started again 20 s later;
+     and started again 20 s later, its objects put back (moto keeps them in memory only);
    - ``disk``: the tmpfs filled, after a checkpoint, to half a checkpoint short of full, so that
      the next checkpoint finds no room; the filler is deleted once that training job has ended.
 
-   The faults on the training job wait for one that runs and logs steps; ``s3`` waits for the next
-   flow run; the others strike when due. No fault starts after ``--minutes``; the flow run then
-   in flight finishes.
+   Every fault but ``s3`` waits for a training job that runs and logs steps, so that it strikes
+   training; ``s3`` waits for the next flow run. No fault starts after ``--minutes``; the flow
+   run then in flight finishes.
 4. The table (pretrain/goodput.py): goodput (useful step time over wall time, against the
    baseline's), the time from each fault to the next step, the steps lost, recomputed and
    duplicated, each run's end state and its loss against the baseline's step by step.
@@ -260,7 +260,7 @@ class Injector(threading.Thread):
         self.faults: list[dict[str, Any]] = []
         self.s3_due = threading.Event()  # the main loop strikes it as the next flow run starts
         self.s3_done = threading.Event()
-        self.error: BaseException | None = None
+        self.errors: list[str] = []
 
     def order(self):
         while True:
@@ -284,10 +284,13 @@ class Injector(threading.Thread):
                             return
                     self.s3_done.clear()
                     continue
-                getattr(self, f"strike_{kind}")()
+                try:
+                    getattr(self, f"strike_{kind}")()
+                except Exception as exc:  # a fault that could not be struck: say so, go on with the next
+                    self.errors.append(f"{kind}: {exc!r}")
+                    log(f"  the {kind} fault failed: {exc!r}")
         except BaseException as exc:  # reported by the main loop
-            self.error = exc
-            log(f"the injector failed: {exc!r}")
+            self.errors.append(f"the injector stopped: {exc!r}")
 
     def record(self, kind: str, detail: str, moment: float | None = None) -> None:
         self.faults.append({"kind": kind, "time": moment or time.time(), "run": self.observer.current,
@@ -384,6 +387,8 @@ class Injector(threading.Thread):
     # ---------------------------------------------------------------- the control plane
 
     def strike_worker(self) -> None:
+        if self.training() is None:
+            return
         worker = self.soak.worker
         os.kill(worker.pid, signal.SIGKILL)  # the worker alone: its flow processes live on
         worker.wait()
@@ -391,12 +396,16 @@ class Injector(threading.Thread):
         self.soak.start_worker()
 
     def strike_server(self) -> None:
+        if self.training() is None:
+            return
         self.record("server", "Prefect server stopped")
         stack.down(self.soak.dir, ("prefect",))
         stack.up(self.soak.dir, ("prefect",))
         log("  Prefect server up again")
 
     def strike_slurmctld(self) -> None:
+        if self.training() is None:
+            return
         pid = stack.status(self.soak.dir)["slurm"]["slurmctld"]
         os.kill(pid, signal.SIGTERM)
         self.record("slurmctld", f"slurmctld pid {pid} stopped")
@@ -406,14 +415,28 @@ class Injector(threading.Thread):
         log("  slurmctld up again")
 
     def strike_s3(self) -> None:
-        """Called by the main loop as it starts the next flow run."""
+        """Called by the main loop as it starts the next flow run. The stack's S3 server (moto)
+        keeps its objects in memory only, so they are put back as it starts again, as a real
+        service keeps them through an outage."""
+        import boto3
+
+        endpoint = self.soak.env["PRETRAIN_S3_ENDPOINT"]
+        s3 = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1", aws_access_key_id="soak",
+                          aws_secret_access_key="soak")
+        kept = {(b["Name"], o["Key"]): s3.get_object(Bucket=b["Name"], Key=o["Key"])["Body"].read()
+                for b in s3.list_buckets()["Buckets"]
+                for o in s3.list_objects_v2(Bucket=b["Name"]).get("Contents", [])}
         stack.down(self.soak.dir, ("s3",))
         self.record("s3", f"S3 server stopped as the flow run starts, for {S3_DOWN_S} s")
 
         def restart() -> None:
             time.sleep(S3_DOWN_S)
             stack.up(self.soak.dir, ("s3",))
-            log("  S3 server up again")
+            for bucket in {bucket for bucket, _ in kept}:
+                s3.create_bucket(Bucket=bucket)
+            for (bucket, key), body in kept.items():
+                s3.put_object(Bucket=bucket, Key=key, Body=body)
+            log("  S3 server up again, its objects put back")
             self.s3_done.set()
 
         threading.Thread(target=restart, daemon=True).start()
@@ -443,8 +466,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0, help="of the fault schedule and of training (default 0)")
     parser.add_argument("--nodes", type=int, default=3, choices=[2, 3, 4], help="Slurm nodes (default 3)")
     parser.add_argument("--faults", default=",".join(KINDS), help=f"a subset of {','.join(KINDS)} (default: all)")
-    parser.add_argument("--steps", type=int, default=600, help="steps of each flow run (default 600)")
-    parser.add_argument("--checkpoint-interval", type=int, default=50, help="steps between checkpoints (default 50)")
+    parser.add_argument("--steps", type=int, default=200, help="steps of each flow run (default 200)")
+    parser.add_argument("--checkpoint-interval", type=int, default=20, help="steps between checkpoints (default 20)")
     parser.add_argument("--base-port", type=int, default=8317, help="the soak stack's first port (default 8317)")
     parser.add_argument("--dir", default="/tmp/chaos-soak", help="the soak stack's directory (default /tmp/chaos-soak)")
     parser.add_argument("--tmpfs-mb", type=int, default=1024, help="size of the tmpfs paths.root is on (default 1024)")
@@ -486,17 +509,18 @@ def main(argv: list[str] | None = None) -> int:
             runs.append(flow_run(soak, observer, len(runs), 4 * (baseline["ended"] - baseline["started"]) + 600,
                                  before))
         injector.join(timeout=300)
-        if injector.error is not None:
-            log(f"the injector stopped early: {injector.error!r}")
+        for error in injector.errors:
+            log(f"injector: {error}")
         record = {"steps": args.steps, "started": started, "ended": time.time(), "baseline": baseline,
-                  "runs": runs, "faults": injector.faults, "load_average_at_end": os.getloadavg(),
+                  "runs": runs, "faults": injector.faults, "injector_errors": injector.errors,
+                  "load_average_at_end": os.getloadavg(),
                   "command": " ".join(["benchmarks/chaos_soak.py", *(argv if argv is not None else sys.argv[1:])])}
         if args.record:
             Path(args.record).write_text(json.dumps(record) + "\n")
         print()
         print(table(record))
-        print(f"\nthe machine's load average at the end (1, 5, 15 min): {', '.join(f'{x:.1f}' for x in os.getloadavg())} "
-              f"on {os.cpu_count()} CPUs")
+        load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
+        print(f"\nthe machine's load average at the end (1, 5, 15 min): {load} on {os.cpu_count()} CPUs")
         return 0
     finally:
         soak.down()
