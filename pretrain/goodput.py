@@ -79,6 +79,18 @@ def regained_s(fault: dict[str, Any], runs: list[Run]) -> float | None:
     return min(past) - fault["time"] if past else None
 
 
+def stall_s(fault: dict[str, Any], faults: list[dict[str, Any]], runs: list[Run]) -> float | None:
+    """The longest wait for a step in the struck run, from the fault until the next fault: how long
+    training stood still for it. A job that Slurm ends only after a while (a node's lost slurmd)
+    trains on meanwhile, so the stall comes later than the next step; None if no step came."""
+    until = min((f["time"] for f in faults if f["time"] > fault["time"]), default=float("inf"))
+    ends = sorted(r["time"] for r in runs[fault["run"]]["seen"] if fault["time"] < r["time"] <= until)
+    if not ends:
+        return None
+    moments = [fault["time"], *ends]
+    return max(later - earlier for earlier, later in zip(moments, moments[1:]))
+
+
 def loss_difference(run: Run, baseline: Run) -> float | None:
     """The largest difference of a step's loss from the baseline's; None unless both streams hold
     the same steps."""
@@ -121,15 +133,18 @@ def table(record: dict[str, Any]) -> str:
         f"| Completed runs whose loss equals the uninterrupted run's at every step | "
         f"{len(equal)} of {len(completed)} | |",
         "",
-        "| fault | struck | next step after (s) | back past the step reached (s) | runs it ended |",
-        "|---|---|---|---|---|",
+        "| fault | struck | next step after (s) | longest stall after it (s) | back past the step reached (s) "
+        "| runs it ended |",
+        "|---|---|---|---|---|---|",
     ]
     for kind in sorted({f["kind"] for f in record["faults"]}):
         faults = [f for f in record["faults"] if f["kind"] == kind]
         recovered = [s for f in faults if (s := recovery_s(f, runs)) is not None]
+        stalled = [s for f in faults if (s := stall_s(f, record["faults"], runs)) is not None]
         regained = [s for f in faults if (s := regained_s(f, runs)) is not None]
         ended = sum(1 for f in faults if regained_s(f, runs) is None and runs[f["run"]]["state"] != "Completed")
-        lines.append(f"| {kind} | {len(faults)} | {_seconds(recovered)} | {_seconds(regained)} | {ended} |")
+        lines.append(f"| {kind} | {len(faults)} | {_seconds(recovered)} | {_seconds(stalled)} | {_seconds(regained)} "
+                     f"| {ended} |")
     lines += ["", "| run | state | faults | steps | recomputed | lost | duplicated | max loss difference |",
               "|---|---|---|---|---|---|---|---|"]
     for i, (run, count) in enumerate(zip(runs, counts)):

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from pretrain.goodput import (
-    StepCounts, goodput, loss_difference, recovery_s, regained_s, step_counts, table, useful_seconds,
+    StepCounts, goodput, loss_difference, recovery_s, regained_s, stall_s, step_counts, table, useful_seconds,
 )
 
 pytestmark = pytest.mark.pure
@@ -52,6 +52,10 @@ def test_a_killed_rank_costs_the_steps_since_the_checkpoint_it_resumed_from():
     assert recovery_s(fault, RECORD["runs"]) == pytest.approx(first_after - fault["time"])
     past = min(r["time"] for r in run["seen"] if r["step"] == reached + 1)
     assert regained_s(fault, RECORD["runs"]) == pytest.approx(past - fault["time"])
+    # training stood still from the last step the killed attempt logged to the resumed one's first
+    last_before = max(r["time"] for r in run["seen"] if r["time"] < first_after)
+    stood = first_after - max(last_before, fault["time"])
+    assert stall_s(fault, RECORD["faults"], RECORD["runs"]) == pytest.approx(stood)
 
 
 def test_a_step_left_twice_or_missing_in_the_final_stream_is_counted():
