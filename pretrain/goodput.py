@@ -11,7 +11,9 @@ The record (a JSON object):
   "seen", "final"}``: ``seen`` every step record of the metrics stream the soak saw while the
   run trained (a step trained twice, before a fault and after its resume, shows twice, with two
   times), ``final`` the stream as the run left it;
-- ``faults``: ``{"kind", "time", "run", "detail"}`` each, ``run`` the index of the run it struck.
+- ``faults``: ``{"kind", "time", "run", "detail"}`` each, ``run`` the index of the run it struck;
+- and, for the reader, ``command``, ``injector_errors`` (faults that could not be struck) and
+  ``load_average_at_end``.
 
 A step record is the trainer's (trainer/train/metrics.py): ``step``, ``loss``, ``time`` (when the
 step ended) and ``step_time_ms``.
