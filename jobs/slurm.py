@@ -194,6 +194,13 @@ def queue_state(job_id: str) -> str | None:
     return queue.stdout.split()[0] if queue.returncode == 0 and queue.stdout.strip() else None
 
 
+def queued(job_name: str) -> list[str]:
+    """``JOBID STATE`` of every job of that name that squeue still lists."""
+    out = subprocess.run(["squeue", "-h", "-n", job_name, "-o", "%i %T"], capture_output=True, text=True,
+                         check=True, timeout=60)
+    return out.stdout.splitlines()
+
+
 def job_running(job: submitit.Job) -> bool:
     """Whether the job runs now: not waiting in the queue, first or again after a requeue."""
     if isinstance(job, submitit.LocalJob):

@@ -1,10 +1,9 @@
-"""Faults the tests inject into the local Slurm cluster, and what they read of a training run to
-time them: its metrics stream, its job in the queue."""
+"""Faults the tests inject into the local Slurm cluster, timed by what they read of a training run:
+its metrics stream (pretrain/metrics_records.py), its job in the queue (jobs/slurm.py)."""
 
 from __future__ import annotations
 
 import contextlib
-import json
 import subprocess
 import threading
 import time
@@ -13,6 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from deployments.stack.slurm import PREEMPT_GRES
+from jobs.slurm import queued
+from pretrain.metrics_records import logged_steps, metrics_records
 from trainer.train.checkpoint import complete_steps
 
 
@@ -77,31 +78,6 @@ def following(group: CpuGroup, command: str) -> Iterator[None]:
     finally:
         done.set()
         mover.join()
-
-
-def metrics_records(path: Path) -> list[dict[str, Any]]:
-    records = []
-    for line in path.read_text().splitlines():
-        try:
-            records.append(json.loads(line))
-        except ValueError:
-            pass  # the line the trainer is writing right now
-    return records
-
-
-def logged_steps(records: list[dict[str, Any]]) -> list[int]:
-    return [r["step"] for r in records if "event" not in r and "loss" in r]
-
-
-def events(records: list[dict[str, Any]], name: str) -> list[dict[str, Any]]:
-    return [r for r in records if r.get("event") == name]
-
-
-def queued(job_name: str) -> list[str]:
-    """``JOBID STATE`` of every job of that name that squeue still lists."""
-    out = subprocess.run(["squeue", "-h", "-n", job_name, "-o", "%i %T"], capture_output=True, text=True,
-                         check=True)
-    return out.stdout.splitlines()
 
 
 class Fault(threading.Thread):

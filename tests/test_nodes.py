@@ -25,11 +25,12 @@ from flows.pretrain import pretrain
 from jobs.node import Command
 from jobs.slurm import JobRequest, SlurmJobFailed, jobs_of_this_flow_run, run_job, submit, wait, wait_gone
 from pretrain import manifest
+from pretrain.metrics_records import events, logged_steps, metrics_records
 from pretrain.presets import load_spec
 from pretrain.toy_tokenizers import llama3_style
 from render.dataset_files import tokenizer_paths
 from render.tokenize_command import tokenize_command
-from slurm_faults import Fault, events, logged_steps, metrics_records
+from slurm_faults import Fault
 from tasks.executor import excluded_after, usable_nodes
 from tasks.tokenize import tokenize
 from tasks.train import train

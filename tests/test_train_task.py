@@ -25,10 +25,12 @@ from prefect import flow
 
 from blocks.cluster import SlurmCluster
 from deployments.demo import save_credentials_block, seed_corpus
+from jobs.slurm import queued
 from pretrain.corpus import corpus_texts
+from pretrain.metrics_records import events, logged_steps, metrics_records
 from pretrain.presets import load_spec
 from pretrain.toy_tokenizers import llama3_style
-from slurm_faults import PREEMPT_GRES, CpuGroup, Fault, events, logged_steps, metrics_records, preempt, queued
+from slurm_faults import PREEMPT_GRES, CpuGroup, Fault, preempt
 from tasks.fetch import fetch
 from tasks.tokenize import tokenize
 from tasks.train import train

@@ -1,0 +1,31 @@
+"""Reading the trainer's metrics stream (``metrics.jsonl``, trainer/train/metrics.py) while it
+grows: the tests that inject faults and the chaos soak (benchmarks/chaos_soak.py) read it alike."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+
+def metrics_records(path: Path) -> list[dict[str, Any]]:
+    records = []
+    for line in path.read_text().splitlines():
+        try:
+            records.append(json.loads(line))
+        except ValueError:
+            pass  # the line the trainer is writing right now
+    return records
+
+
+def step_records(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The records of training steps: not events, not evaluations."""
+    return [r for r in records if "event" not in r and "loss" in r]
+
+
+def logged_steps(records: list[dict[str, Any]]) -> list[int]:
+    return [r["step"] for r in step_records(records)]
+
+
+def events(records: list[dict[str, Any]], name: str) -> list[dict[str, Any]]:
+    return [r for r in records if r.get("event") == name]
