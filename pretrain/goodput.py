@@ -143,8 +143,9 @@ def table(record: dict[str, Any]) -> str:
         faults = [f for f in record["faults"] if f["kind"] == kind]
         recovered = [s for f in faults if (s := recovery_s(f, runs)) is not None]
         stalled = [s for f in faults if (s := stall_s(f, record["faults"], runs)) is not None]
-        regained = [s for f in faults if (s := regained_s(f, runs)) is not None]
-        ended = sum(1 for f in faults if regained_s(f, runs) is None and runs[f["run"]]["state"] != "Completed")
+        back = [(f, regained_s(f, runs)) for f in faults]
+        regained = [s for _, s in back if s is not None]
+        ended = sum(1 for f, s in back if s is None and runs[f["run"]]["state"] != "Completed")
         lines.append(f"| {kind} | {len(faults)} | {_seconds(recovered)} | {_seconds(stalled)} | {_seconds(regained)} "
                      f"| {ended} |")
     lines += ["", "| run | state | faults | steps | recomputed | lost | duplicated | max loss difference |",
