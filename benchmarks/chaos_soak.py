@@ -48,6 +48,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import math
 import os
 import random
 import shutil
@@ -151,7 +152,8 @@ class Soak:
         return [f"name={NAME}", f"paths.root={self.root}", f"tokenizer.path={self.tokenizer}",
                 "cluster.executor=slurm", f"cluster.nodes={a.nodes}", "cluster.min_nodes=1",
                 "cluster.devices_per_node=1", "cluster.cpus_per_task=1", "training.micro_batch_size=2",
-                f"training.global_batch_size={2 * {1: 1, 2: 2, 3: 6, 4: 12}[a.nodes]}",
+                # micro-batches of 2 that every node count from nodes down to 1 (min_nodes) divides
+                f"training.global_batch_size={2 * math.lcm(*range(1, a.nodes + 1))}",
                 f"training.train_steps={a.steps}", f"training.checkpoint_interval={a.checkpoint_interval}",
                 "training.eval_iters=0", f"training.seed={a.seed}", "backend.native.compile=false",
                 "backend.native.export_hf=false", "backend.native.max_restarts=30"]
