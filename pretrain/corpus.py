@@ -8,10 +8,13 @@ from __future__ import annotations
 
 import ast
 import functools
+import hashlib
 import json
+import os
+import sys
 import sysconfig
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 
@@ -36,7 +39,7 @@ def python_files(include_site_packages: bool = False) -> Iterator[tuple[Path, Pa
             yield site, path
 
 
-def _parse(files: Iterator[tuple[Path, Path]]) -> Iterator[dict[str, str]]:
+def _parse(files: Iterable[tuple[Path, Path]]) -> Iterator[dict[str, str]]:
     for root, path in files:
         try:
             with warnings.catch_warnings():
@@ -49,12 +52,38 @@ def _parse(files: Iterator[tuple[Path, Path]]) -> Iterator[dict[str, str]]:
             yield {"text": text, "source": path.relative_to(root).as_posix()}
 
 
+def _cache_path(files: list[tuple[Path, Path]]) -> Path:
+    """Where the parsed corpus is kept between processes: keyed by the interpreter, this module's
+    own source (how documents are extracted) and every source file's path, size and mtime, so an
+    upgraded Python or an edited extraction is parsed afresh."""
+    key = hashlib.sha256(sys.version.encode() + Path(__file__).read_bytes())
+    for _, path in files:
+        stat = path.stat()
+        key.update(f"{path}\0{stat.st_size}\0{stat.st_mtime_ns}\n".encode())
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or "~/.cache").expanduser() / "pretrain-pipeline"
+    return cache / f"stdlib-corpus-{key.hexdigest()[:16]}.jsonl"
+
+
+def _kept_documents(files: list[tuple[Path, Path]]) -> tuple[dict[str, str], ...]:
+    """The documents of ``files``, parsed once per machine and kept (temporary name, then rename:
+    processes may write at once)."""
+    cached = _cache_path(files)
+    if cached.exists():
+        return tuple(json.loads(line) for line in cached.read_text(encoding="utf-8").splitlines())
+    docs = tuple(_parse(files))
+    cached.parent.mkdir(parents=True, exist_ok=True)
+    tmp = cached.with_name(f"{cached.name}.{os.getpid()}.tmp")
+    tmp.write_text("".join(json.dumps(d, ensure_ascii=False) + "\n" for d in docs), encoding="utf-8")
+    tmp.replace(cached)
+    return docs
+
+
 @functools.cache
 def _stdlib_documents() -> tuple[dict[str, str], ...]:
-    """Parsed once per process: the standard library's ~2,000 files take about 8 s of CPU to
-    parse on the 2-core machine, and the demo (its corpus, then its tokenizer) and the tests ask
-    for the corpus several times."""
-    return tuple(_parse(python_files()))
+    """The standard library's ~2,000 files take about 8 s of CPU to parse on the 2-core machine,
+    and the demo (its corpus, then its tokenizer) and every test process that trains a tokenizer
+    ask for the corpus; reading the kept copy takes a few milliseconds."""
+    return _kept_documents(list(python_files()))
 
 
 def documents(limit_bytes: int | None = None, include_site_packages: bool = False) -> Iterator[dict[str, str]]:
