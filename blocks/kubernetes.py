@@ -37,8 +37,9 @@ class KubernetesCluster(Block):
     mount_path: str = Field(
         "/fsx", description="Where the claim is mounted in every pod; the spec's paths.root must lie under it.")
     image: str | None = Field(
-        None, description="Image of every pod, with this project installed. None: the spec's image "
-        "(backend.megatron_lm.container_image, the image stage's output).")
+        None, description="Registry image of every pod (ECR, say), with this project installed: the kubelet "
+        "pulls it. The image stage's output is a squashfs for enroot/pyxis on Slurm, which no pod can run; a spec "
+        "on this block sets backend.megatron_lm.image to null. None: backend.megatron_lm.container_image.")
     service_account: str | None = Field(None, description="serviceAccountName of the pods.")
     node_selector: dict[str, str] = Field(
         default_factory=dict, description="Node labels, e.g. {'node.kubernetes.io/instance-type': 'p5.48xlarge'}.")
@@ -54,9 +55,6 @@ class KubernetesCluster(Block):
     shm_size: str | None = Field(
         "64Gi", description="A memory-backed /dev/shm of this size for the training pods (NCCL and the "
         "data loader workers need more than the container runtime's 64 MB); None: the runtime's.")
-    elastic: bool = Field(
-        False, description="Give the PyTorchJob an elasticPolicy (c10d rendezvous, between 1 and "
-        "cluster.nodes workers), so training goes on with fewer nodes after one is lost.")
     ttl_seconds_after_finished: int | None = Field(
         3600, ge=0, description="Kubernetes deletes a finished Job or PyTorchJob (and its pods) this long after "
         "it ended; the logs were already streamed into the Prefect task's log.")
@@ -71,6 +69,10 @@ class KubernetesCluster(Block):
         description="A job whose flow process has stopped following it for this long (its pod was killed, "
         "its node lost) stops itself: every pod runs its command under a lease file on the shared volume "
         "that the flow process renews, so the flow's pod must mount the claim at mount_path too; 0 never.")
+    preflight_max_age_min: int = Field(
+        360, ge=0, description="A run that trains on more than one node first runs a one-pod probe of what its "
+        "backend needs; it skips the probe when the same block and spec passed it this recently (minutes). "
+        "0 probes before every such run.")
     image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"
     priority_class: str | None = Field(None, description="priorityClassName of the pods.")
 

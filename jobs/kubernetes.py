@@ -12,6 +12,7 @@ activeDeadlineSeconds, CANCELLED for one deleted; failures raise or return
 
 from __future__ import annotations
 
+import json
 import queue
 import sys
 import threading
@@ -285,6 +286,40 @@ def _unless_gone(call: Callable[[], Any]) -> Any:
         if exc.status != 404:
             raise
         return None
+
+
+def _said(exc: Any) -> str:
+    """What the API server said in an error answer: its Status object's message."""
+    try:
+        return json.loads(exc.body)["message"]
+    except (TypeError, ValueError, KeyError):
+        return f"{exc.status} {exc.reason}"
+
+
+def find_claim(cluster: KubernetesCluster) -> tuple[str, str]:
+    """Whether the block's volume claim, which every pod mounts, is there: ``("", its phase)``, or
+    what is missing (``"namespace"`` or ``"claim"``) and the API server's words for it. A GET of
+    a claim in a namespace that does not exist is answered as a claim not found, so the namespace
+    is asked about only then; one this process may not read (a namespaced service account: 403)
+    is left to the claim's answer."""
+    from kubernetes.client.exceptions import ApiException
+
+    api = KubernetesApi(cluster)
+    try:
+        claim = api.core.read_namespaced_persistent_volume_claim(cluster.volume_claim, cluster.namespace)
+        return "", f"phase {claim.status.phase}" if claim.status else "no status yet"
+    except ApiException as exc:
+        if exc.status != 404:
+            raise
+        claim_missing = _said(exc)
+    try:
+        api.core.read_namespace(cluster.namespace)
+    except ApiException as exc:
+        if exc.status == 404:
+            return "namespace", _said(exc)
+        if exc.status != 403:
+            raise
+    return "claim", claim_missing
 
 
 def cancel(api: KubernetesApi, job: SubmittedJob) -> None:

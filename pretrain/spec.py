@@ -532,7 +532,8 @@ class ClusterSpec(Strict):
                                   "has healthy (not down, drained or left out after a node failure), down to this "
                                   "many, and resumes there with fewer data-parallel ranks (the global batch stays, "
                                   "gradient accumulation grows). Unset: cluster.nodes, and a resubmission waits for "
-                                  "that many. backend.kind=native on Slurm.")
+                                  "that many. backend.kind=native. On a KubernetesCluster block: the PyTorchJob's "
+                                  "elasticPolicy, between this many and cluster.nodes pods.")
     devices_per_node: int = Field(1, gt=0, description="Ranks per node: GPUs, (logical) NeuronCores, "
                                   "or CPU processes.")
     cpus_per_task: int | None = Field(None, gt=0)

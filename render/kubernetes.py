@@ -55,11 +55,18 @@ def object_name(text: str) -> str:
 
 
 def image(cluster: KubernetesCluster, spec: PretrainSpec) -> str:
+    """The pods' image: one the kubelet pulls from a registry. The image stage's output is a
+    squashfs for enroot/pyxis on Slurm, which no pod can run."""
     settings = spec.backend.megatron_lm
+    if settings and settings.image:
+        raise ValueError("backend.megatron_lm.image: the image stage builds a squashfs for enroot/pyxis (Slurm), "
+                         "which a Kubernetes pod cannot run; set backend.megatron_lm.image to null and the "
+                         "KubernetesCluster block's `image` to a registry image (ECR, say) with Megatron-LM and "
+                         "this project installed")
     found = cluster.image or (settings.container_image if settings else None)
     if not found:
-        raise ValueError("no image for the pods: set the KubernetesCluster block's image, or "
-                         "backend.megatron_lm.container_image")
+        raise ValueError("no image for the pods: set the KubernetesCluster block's `image` to a registry image "
+                         "(ECR, say) with this project installed (or backend.megatron_lm.container_image)")
     return found
 
 
@@ -189,17 +196,22 @@ def indexed_job(cluster: KubernetesCluster, spec: PretrainSpec, name: str, stage
 
 
 def pytorch_job(cluster: KubernetesCluster, spec: PretrainSpec, name: str, stage: str, command: Command,
-                time_limit_min: int, max_restarts: int = 0, nodes: tuple[str, ...] = (),
-                exclude: tuple[str, ...] = ()) -> dict[str, Any]:
-    """Training on ``cluster.nodes`` pods, ``devices_per_node`` processes each, as the EKS
-    runbook's PyTorchJob. Without ``cluster.elastic``: a Master (node 0) and Workers, the operator
-    giving each pod its node rank (PET_NODE_RANK) and the master's address. With it: Workers
-    only, under an elasticPolicy (c10d rendezvous, as many nodes as the spec, torchrun restarting
-    the ranks up to ``max_restarts`` times when a node is lost and replaced), each pod numbered by
-    its replica index. ``nodes``: the Kubernetes nodes to run on (training after a precompile
-    that filled per-node caches there); ``exclude``: the nodes to leave out (after a node failure)."""
+                time_limit_min: int, nodes: tuple[str, ...] = (), exclude: tuple[str, ...] = (),
+                pods: int | None = None) -> dict[str, Any]:
+    """Training on ``pods`` pods (default ``cluster.nodes``), ``devices_per_node`` processes
+    each, as the EKS runbook's PyTorchJob: a Master (node 0) and Workers, the operator giving each
+    pod its node rank (PET_NODE_RANK) and the master's address. Where the spec lets the run go on
+    with fewer nodes (``cluster.min_nodes``), Workers only, each numbered by its replica index,
+    under an elasticPolicy: c10d rendezvous between ``cluster.min_nodes`` and ``pods`` pods, the
+    pods restarted in place (restartPolicy OnFailure) up to the backend's ``max_restarts`` times,
+    so that after losing a node torchrun rendezvouses again on the nodes left and training
+    resumes from its newest checkpoint there. ``nodes``: the Kubernetes nodes to run on
+    (training after a precompile that filled per-node caches there); ``exclude``: the nodes to
+    leave out (after a node failure)."""
     c = spec.cluster
-    if cluster.elastic:
+    pods = pods or c.nodes
+    elastic = c.fewest_nodes < pods
+    if elastic:
         exports = 'export NNODES="$PET_NNODES" NODE_RANK="$REPLICA_INDEX" MASTER_ADDR="${PET_RDZV_ENDPOINT%:*}"; '
         downward = [*NODE_NAME_ENV, {"name": "REPLICA_INDEX", "valueFrom": {"fieldRef": {
             "fieldPath": f"metadata.labels['{REPLICA_INDEX_LABEL}']"}}}]
@@ -210,28 +222,30 @@ def pytorch_job(cluster: KubernetesCluster, spec: PretrainSpec, name: str, stage
     container = _container(cluster, spec, _script(command, exports), dict(command.env),
                            training_resources(cluster, spec), command.cwd, shm, downward,
                            [{"name": PORT_NAME, "containerPort": MASTER_PORT, "protocol": "TCP"}])
-    restart = "OnFailure" if cluster.elastic else "Never"
+    restart = "OnFailure" if elastic else "Never"
 
     def replica(count: int) -> dict[str, Any]:
         return {"replicas": count, "restartPolicy": restart,
                 "template": {"metadata": {"labels": stage_labels(spec, stage)},
                              "spec": _pod_spec(cluster, copy.deepcopy(container), restart, True, nodes, exclude)}}
 
-    if cluster.elastic:
-        replicas = {"Worker": replica(c.nodes)}
+    if elastic:
+        replicas = {"Worker": replica(pods)}
     else:
-        replicas = {"Master": replica(1), **({"Worker": replica(c.nodes - 1)} if c.nodes > 1 else {})}
+        replicas = {"Master": replica(1), **({"Worker": replica(pods - 1)} if pods > 1 else {})}
+    # Only the native backend resumes on fewer nodes (the spec refuses cluster.min_nodes for others).
+    restarts = spec.backend.native.max_restarts if elastic else 0
     # Running: when the job ends (a failed master fails it), the operator deletes the pods still
     # running, so no worker trains on beside a resubmission; the ended pods keep their logs.
-    run_policy: dict[str, Any] = {"cleanPodPolicy": "Running", "backoffLimit": max_restarts if cluster.elastic else 0,
+    run_policy: dict[str, Any] = {"cleanPodPolicy": "Running", "backoffLimit": restarts,
                                   "activeDeadlineSeconds": time_limit_min * 60}
     if cluster.ttl_seconds_after_finished is not None:
         run_policy["ttlSecondsAfterFinished"] = cluster.ttl_seconds_after_finished
     body: dict[str, Any] = {"nprocPerNode": str(c.devices_per_node), "pytorchReplicaSpecs": replicas,
                             "runPolicy": run_policy}
-    if cluster.elastic:
-        body["elasticPolicy"] = {"rdzvBackend": "c10d", "minReplicas": c.nodes, "maxReplicas": c.nodes,
-                                 "maxRestarts": max_restarts}
+    if elastic:
+        body["elasticPolicy"] = {"rdzvBackend": "c10d", "minReplicas": c.fewest_nodes, "maxReplicas": pods,
+                                 "maxRestarts": restarts}
     return {"apiVersion": PYTORCHJOB_API, "kind": "PyTorchJob", "metadata": _metadata(cluster, spec, name, stage),
             "spec": body}
 
@@ -259,8 +273,7 @@ def manifest_for(request: JobRequest, target: KubernetesTarget, commands: list[C
         return indexed_job(cluster, spec, name, stage, commands, request.time_limit_min, request.cpus_per_task,
                            request.mem_gb)
     if request.nodes > 1 or request.gpus_per_node:
-        restarts = spec.backend.megatron_lm.max_restarts if spec.backend.megatron_lm else 0
-        return pytorch_job(cluster, spec, name, stage, commands[0], request.time_limit_min, restarts, nodes,
-                           exclude)
+        return pytorch_job(cluster, spec, name, stage, commands[0], request.time_limit_min, nodes, exclude,
+                           request.nodes)
     return batch_job(cluster, spec, name, stage, commands[0], request.time_limit_min, request.cpus_per_task,
                      request.mem_gb, nodes, exclude)

@@ -21,7 +21,7 @@ from typing import Any, Callable
 from prefect.runtime import flow_run
 
 from tasks.executor import (NODE_STATES, Cluster, excluded_after, failure_nodes, job_folder, job_nodes, job_running,
-                           on_nodes, run_job, usable_nodes, wait_gone)
+                           on_nodes, run_job, shrinks_by_resubmission, usable_nodes, wait_gone)
 from jobs.slurm import JobRequest, SlurmJobFailed, _logger
 from pretrain import manifest
 from pretrain.device_samples import DeviceSamples
@@ -185,7 +185,7 @@ def run_attempts(spec: PretrainSpec, cluster: Cluster, follower: MetricsFollower
         if attempts.excluded and cluster.nodelist:
             cluster = on_nodes(cluster, [h for h in cluster.nodelist if h not in attempts.excluded])
         request = replace(prepare(attempt), exclude=tuple(sorted(attempts.excluded)))
-        if attempt and spec.cluster.fewest_nodes < request.nodes:
+        if attempt and spec.cluster.fewest_nodes < request.nodes and shrinks_by_resubmission(cluster):
             # A run allowed to shrink goes on with the healthy nodes left rather than wait for a
             # lost or drained one to come back; the trainer resumes with fewer data-parallel ranks.
             left = usable_nodes(cluster) - attempts.excluded

@@ -90,9 +90,8 @@ def kubernetes_files(spec: PretrainSpec, cluster: KubernetesCluster, files: dict
         train = Command(["bash", "-c", files["torchrun.sh"]], env=native.environment(spec))
     else:
         train = Command(["bash", "-c", files["train.sh"]])
-    restarts = spec.backend.megatron_lm.max_restarts if spec.backend.megatron_lm else 0
     manifests["k8s_train.yaml"] = _manifest(kubernetes.pytorch_job(
-        cluster, spec, f"{spec.name}-train", "train", train, time_limit, restarts, nodes))
+        cluster, spec, f"{spec.name}-train", "train", train, time_limit, nodes))
     return manifests
 
 

@@ -43,11 +43,9 @@ def cluster_for(spec: Any) -> Cluster:
     if spec.cluster.executor != "auto":
         raise ValueError(f"cluster.executor={spec.cluster.executor} is a Slurm setting; cluster.block={block} "
                          "runs on Kubernetes: leave cluster.executor at auto")
-    if spec.cluster.fewest_nodes < spec.cluster.nodes:
-        raise ValueError(f"cluster.min_nodes={spec.cluster.min_nodes}: a run goes on with fewer nodes on Slurm only; "
-                         f"cluster.block={block} runs on Kubernetes: unset cluster.min_nodes")
     target = KubernetesTarget(load_kubernetes_block(block.removeprefix(KUBERNETES_PREFIX)), spec)
     manifests.check_paths(target.cluster, spec)
+    manifests.image(target.cluster, spec)  # refused here, before the preflight queues anything
     return target
 
 
@@ -83,6 +81,12 @@ def on_nodes(cluster: Cluster, nodes: Iterable[str]) -> Cluster:
     if isinstance(cluster, KubernetesTarget):
         return dataclasses.replace(cluster, nodelist=tuple(nodes))
     return cluster.model_copy(update={"nodelist": list(nodes)})
+
+
+def shrinks_by_resubmission(cluster: Cluster) -> bool:
+    """Whether a run allowed fewer nodes (``cluster.min_nodes``) goes on with fewer by being
+    resubmitted on the nodes left (Slurm), not inside its job (a PyTorchJob's elasticPolicy)."""
+    return not isinstance(cluster, KubernetesTarget)
 
 
 def usable_nodes(cluster: SlurmCluster) -> set[str]:

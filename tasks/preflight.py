@@ -10,6 +10,13 @@ setup lines: the tools, paths and devices the backend's launch needs on a node. 
 what is missing and how to fix it and is not retried; the result is a table artifact. A pass is
 remembered for the block's ``preflight_max_age_min``, and a later run of the same spec on the same
 block skips the probe.
+
+On Kubernetes (a ``kubernetes-cluster/`` block, :func:`tasks.executor.cluster_for`) every run
+first asks the API server whether the namespace and the volume claim every pod mounts exist; a
+run on more than one node then runs the same probe as a one-pod job through the Kubernetes job
+layer, in the pods' image and with a training pod's resources. There is no partition to ask how
+many nodes of that shape the node group has (a pod no node can take waits Pending until its
+job's time limit): the artifact says so.
 """
 
 from __future__ import annotations
@@ -23,19 +30,24 @@ from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.logging import get_run_logger
 
 from blocks.cluster import SlurmCluster
+from blocks.kubernetes import KubernetesCluster
+from jobs.kubernetes import KubernetesTarget, find_claim
 from jobs.node import Command
 from jobs.nodes import read_partition
-from jobs.slurm import (ClusterMismatch, SlurmJobFailed, cluster_for, ends_cancelled, executor_kind, job_folder,
-                        local_refusal, run_job, stage_request)
+from jobs.slurm import ClusterMismatch, SlurmJobFailed, ends_cancelled, executor_kind, local_refusal, stage_request
 from pretrain import manifest
 from pretrain.spec import PretrainSpec
+from render import kubernetes as manifests
 from render.megatron_lm import in_container
 from render.preflight_command import preflight_command
 from tasks.artifacts import artifact_key
+from tasks.executor import Cluster, cluster_for, job_folder, run_job
 
 # The stages whose jobs span cluster.nodes (tokenize and convert run on one node each).
 MULTI_NODE_STAGES = {"precompile", "train"}
 PROBE_TIME_LIMIT_MIN = 10
+UNCHECKED_ON_KUBERNETES = ("not checked on Kubernetes: whether the node group has that many nodes of the training "
+                           "pods' shape (a pod no node can take waits Pending until its job's time limit)")
 
 
 class PreflightFailed(ClusterMismatch):
@@ -90,8 +102,35 @@ def partition_rows(spec: PretrainSpec, cluster: SlurmCluster) -> list[dict]:
     return rows
 
 
-def probe(spec: PretrainSpec, cluster: SlurmCluster, work: Path) -> dict:
-    """The node's own checks (``rows``), from a one-node job on the partition; its ``node`` and ``job``."""
+def claim_rows(cluster: KubernetesCluster) -> list[dict]:
+    """Whether the namespace and the volume claim every pod mounts exist, as the API server answers."""
+    missing, said = find_claim(cluster)
+    namespace, claim = cluster.namespace, cluster.volume_claim
+    if missing == "namespace":
+        return [{"check": f"namespace {namespace}", "ok": False, "found": said,
+                 "fix": f"create it (kubectl create namespace {namespace}), or set the KubernetesCluster block's "
+                 "namespace"}]
+    return [{"check": f"volume claim {claim} in namespace {namespace}", "ok": not missing, "found": said,
+             "fix": "" if not missing else f"create the PersistentVolumeClaim {claim} in namespace {namespace} "
+             "(the runbook's FSx claim), or set the KubernetesCluster block's volume_claim"}]
+
+
+def where(cluster: Cluster) -> str:
+    if isinstance(cluster, KubernetesTarget):
+        return f"namespace {cluster.cluster.namespace}"
+    return cluster.partition or "the default partition"
+
+
+def probe_image(cluster: Cluster) -> str | None:
+    """The image the probe runs in: the pods' on Kubernetes, pyxis's on Slurm (None: the nodes' own)."""
+    if isinstance(cluster, KubernetesTarget):
+        return manifests.image(cluster.cluster, cluster.spec)
+    return cluster.container_image
+
+
+def probe(spec: PretrainSpec, cluster: Cluster, work: Path) -> dict:
+    """The node's own checks (``rows``), from a one-node job on the partition (one pod on
+    Kubernetes); its ``node`` and ``job``."""
     record = work / "probe.json"
     request = stage_request(spec, f"{spec.name}-preflight", Command(preflight_command(spec, str(record))), nodes=1,
                             time_limit_min=PROBE_TIME_LIMIT_MIN, signal_delay_s=0)
@@ -101,18 +140,39 @@ def probe(spec: PretrainSpec, cluster: SlurmCluster, work: Path) -> dict:
     except SlurmJobFailed as exc:  # the probe exits 1 when a check failed: its record says which
         failure = exc
     job = submitted[0].job_id if submitted else ""
+    image = probe_image(cluster)
     if record.exists():
         result = json.loads(record.read_text())
-        image = [{"check": "container image", "ok": True, "found": f"{cluster.container_image} (the probe ran in it)",
-                  "fix": ""}] if cluster.container_image else []
-        return {"rows": image + result["checks"], "node": result["node"], "job": job}
+        ran_in = [{"check": "container image", "ok": True, "found": f"{image} (the probe ran in it)",
+                   "fix": ""}] if image else []
+        return {"rows": ran_in + result["checks"], "node": result["node"], "job": job}
     # The job ended without checking anything: it never started the program, or never ran.
-    fix = ("check that the image exists where the nodes can read it and that srun has pyxis (--container-image)"
-           if cluster.container_image else "see the job's log in the task log: the nodes must run this project's "
-           "Python under the cluster block's setup lines")
-    return {"rows": [{"check": "container image" if cluster.container_image else "probe job", "ok": False,
+    if isinstance(cluster, KubernetesTarget):
+        fix = (f"check that the nodes can pull {image} and that it has this project installed (every pod runs "
+               "`python -m jobs.lease` and `python -m trainer`); the pod's log is in the task log")
+    elif image:
+        fix = "check that the image exists where the nodes can read it and that srun has pyxis (--container-image)"
+    else:
+        fix = ("see the job's log in the task log: the nodes must run this project's Python under the cluster "
+               "block's setup lines")
+    return {"rows": [{"check": "container image" if image else "probe job", "ok": False,
                       "found": str(failure).splitlines()[0] if failure else "no record", "fix": fix}],
             "node": failure.nodes if failure else "", "job": job}
+
+
+def conclude(spec: PretrainSpec, cluster: Cluster, rows: list[dict], node: str) -> None:
+    """Publish the checks as the preflight's table; refuse the run, naming each one that failed."""
+    place = where(cluster)
+    description = (f"What {spec.backend.kind} needs on {spec.cluster.nodes} node(s) of {place}"
+                   + (f", probed on {node}" if node else ""))
+    if isinstance(cluster, KubernetesTarget):
+        description += f"; {UNCHECKED_ON_KUBERNETES}"
+    create_table_artifact(rows, key=artifact_key(spec.name, "preflight"), description=description)
+    missing = [r for r in rows if not r["ok"]]
+    if missing:
+        raise PreflightFailed(f"preflight: the cluster cannot run {spec.name} on {spec.cluster.nodes} node(s) "
+                              f"of {place}" + (f" (probed on {node})" if node else "") + "; nothing was queued:\n"
+                              + "\n".join(f"- {r['check']}: {r['found']}; fix: {r['fix']}" for r in missing))
 
 
 @task(name="preflight")
@@ -122,38 +182,34 @@ def preflight(spec: PretrainSpec, stages: list[str]) -> dict:
     logger = get_run_logger()
     selected = set(stages)
     cluster = cluster_for(spec)
-    if executor_kind(cluster) == "local":
+    on_kubernetes = isinstance(cluster, KubernetesTarget)
+    if not on_kubernetes and executor_kind(cluster) == "local":
         refuse_on_this_host(spec, selected)
         return {"executor": "local"}
     if spec.cluster.nodes == 1 or not selected & MULTI_NODE_STAGES:
+        if on_kubernetes:  # every pod of every stage mounts the claim
+            conclude(spec, cluster, claim_rows(cluster.cluster), "")
         return {"probed": False, "why": "no job on more than one node"}
     cluster = in_container(cluster, spec)  # the probe runs where training's ranks will
+    settings = cluster.cluster if on_kubernetes else cluster
     argv = preflight_command(spec, "<record>")
-    key = manifest.stable_hash({"block": spec.cluster.block, "cluster": cluster.model_dump(mode="json"),
+    key = manifest.stable_hash({"block": spec.cluster.block, "cluster": settings.model_dump(mode="json"),
                                 "probe": argv, "nodes": spec.cluster.nodes, "gpus": cuda_job(spec)})[:16]
     work = Path(spec.paths.root) / "preflight" / key
     passed = work / "passed.json"
     last = json.loads(passed.read_text()) if passed.exists() else None
-    if last and (age_min := (time.time() - last["time"]) / 60) < cluster.preflight_max_age_min:
+    if last and (age_min := (time.time() - last["time"]) / 60) < settings.preflight_max_age_min:
         said = f"passed {age_min:.0f} min ago on node {last['node']} (job {last['job']}); not probed again"
         logger.info("preflight: %s", said)
         create_markdown_artifact(f"Preflight skipped: this spec {said} (the block's preflight_max_age_min is "
-                                 f"{cluster.preflight_max_age_min}).", key=artifact_key(spec.name, "preflight"),
+                                 f"{settings.preflight_max_age_min}).", key=artifact_key(spec.name, "preflight"),
                                  description="preflight skipped")
         return {"probed": False, "why": "passed recently", **last}
     work.mkdir(parents=True, exist_ok=True)
-    rows = partition_rows(spec, cluster)
+    rows = claim_rows(cluster.cluster) if on_kubernetes else partition_rows(spec, cluster)
     probed = probe(spec, cluster, work) if all(r["ok"] for r in rows) else {"rows": [], "node": "", "job": ""}
     rows, node = rows + probed["rows"], probed["node"]
-    create_table_artifact(rows, key=artifact_key(spec.name, "preflight"),
-                          description=f"What {spec.backend.kind} needs on {spec.cluster.nodes} node(s) of "
-                          f"{cluster.partition or 'the default partition'}" + (f", probed on {node}" if node else ""))
-    missing = [r for r in rows if not r["ok"]]
-    if missing:
-        raise PreflightFailed(f"preflight: the cluster cannot run {spec.name} on {spec.cluster.nodes} node(s) "
-                              f"of {cluster.partition or 'the default partition'}"
-                              + (f" (probed on {node})" if node else "") + "; nothing was queued:\n"
-                              + "\n".join(f"- {r['check']}: {r['found']}; fix: {r['fix']}" for r in missing))
-    last = {"time": time.time(), "node": node, "job": probed["job"], "partition": cluster.partition}
+    conclude(spec, cluster, rows, node)
+    last = {"time": time.time(), "node": node, "job": probed["job"], "where": where(cluster)}
     passed.write_text(json.dumps(last))
     return {"probed": True, **last}

@@ -12,10 +12,14 @@ Routes (the client's ``resource_path`` of each call the layer makes):
 - GET    /api/v1/namespaces/{ns}/pods?labelSelector=KEY=VALUE      list_namespaced_pod
 - GET    /api/v1/namespaces/{ns}/pods/{pod}/log?follow=true        read_namespaced_pod_log (streamed)
 - DELETE the job's own path, with a DeleteOptions body             delete_namespaced_job, ..._custom_object
+- GET    any other path the test gives a recorded answer for, e.g.
+         /api/v1/namespaces/{ns}/persistentvolumeclaims/{name}     read_namespaced_persistent_volume_claim
+         /api/v1/namespaces/{ns}                                   read_namespace
 
 A created object that the schemas refuse is answered 422 Invalid, as the API server's validation
 would; anything else is 404 NotFound. Only the recorded answers are chosen by the test: which
-status a job shows at each read, and which pods it has.
+status a job shows at each read, which pods it has, and what the other paths answer (an object,
+or a Status with its code).
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ import uuid
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 from urllib.parse import parse_qs, urlsplit
 
 import yaml
@@ -86,10 +90,15 @@ class _Created:
 
 class RecordedApiServer:
     """Serves ``replays`` in order: the first job created shows the first replay, the next job
-    (a resubmission, say) the second."""
+    (a resubmission, say) the second; ``answers``: the recorded answer of a GET of each path;
+    ``kubelet``: called with each object created, before it is answered, by a test that plays the
+    node running its pod."""
 
-    def __init__(self, replays: list[Replay]):
+    def __init__(self, replays: list[Replay], answers: dict[str, dict[str, Any]] | None = None,
+                 kubelet: Callable[[dict[str, Any]], None] | None = None):
         self.replays = list(replays)
+        self.answers = dict(answers or {})
+        self.kubelet = kubelet
         self.requests: list[Request] = []
         self.objects: dict[tuple[str, str, str], _Created] = {}
         self.lock = threading.Lock()
@@ -142,6 +151,8 @@ class RecordedApiServer:
         request = Request(method, url.path, parse_qs(url.query), json.loads(raw) if raw else None, time.monotonic())
         with self.lock:
             self.requests.append(request)
+        if method == "GET" and (answer := self.answers.get(url.path)) is not None:
+            return _json(http, answer["code"] if answer.get("kind") == "Status" else 200, answer)
         if (match := OBJECT.match(url.path)) is not None:
             namespace, plural, name, status = match.groups()
             if method == "POST" and name is None:
@@ -172,6 +183,8 @@ class RecordedApiServer:
                                                  + "; ".join(problems))
         if not self.replays:
             return _status(http, 403, "Forbidden", "the test gave no replay for another job")
+        if self.kubelet is not None:
+            self.kubelet(body)
         stored = copy.deepcopy(body)
         stored["metadata"].update(uid=str(uuid.uuid4()), resourceVersion="1", creationTimestamp=_now(),
                                   generation=1)

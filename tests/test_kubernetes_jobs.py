@@ -118,6 +118,13 @@ GETDATA_LOG = (RECORDED / "getdata-job-logs.txt").read_text()
 OOM_KILLED = RecordedPod("ip-10-0-1-1", {"phase": "Failed",
                                          "containerStatuses": recorded("pod-container-statuses-oomkilled.yaml")})
 
+# A pod evicted from a node tainted NoExecute: the pod disruption condition of Kubernetes'
+# documentation (Pod disruption conditions) on the recorded one; no recorded object of a taint
+# manager eviction was found.
+LOST_TO_A_TAINT = {"phase": "Failed", "conditions": [{**recorded("pod-condition-preempted.json"),
+                                                      "reason": "DeletionByTaintManager",
+                                                      "message": "Taint manager: deleting due to NoExecute taint"}]}
+
 
 def test_a_job_that_ran_out_of_memory_fails_with_the_pods_reason_node_and_log_through_the_api(tmp_path):
     """Created, followed (pods by the Job controller's label, each pod's log with follow=true)
@@ -218,14 +225,11 @@ def test_training_runs_on_the_nodes_precompile_ran_on_and_leaves_out_a_lost_one(
     from tasks.attempts import MetricsFollower, run_attempts
 
     done = recorded("jaxjob-status-succeeded.yaml")
-    # the pod disruption condition of Kubernetes' documentation (Pod disruption conditions): no
-    # recorded object of a taint manager eviction was found
-    lost = {"phase": "Failed", "conditions": [{**recorded("pod-condition-preempted.json"), "reason": "DeletionByTaintManager",
-                                               "message": "Taint manager: deleting due to NoExecute taint"}]}
     failed = recorded("job-status-backoff-limit-exceeded.json")  # a Failed condition, as every Kubeflow job has
     replays = [Replay([done], [RecordedPod("ip-10-0-1-1", {"phase": "Succeeded"}),
                                RecordedPod("ip-10-0-1-2", {"phase": "Succeeded"})]),
-               Replay([failed], [RecordedPod("ip-10-0-1-1", lost), RecordedPod("ip-10-0-1-2", {"phase": "Failed"})]),
+               Replay([failed], [RecordedPod("ip-10-0-1-1", LOST_TO_A_TAINT),
+                                 RecordedPod("ip-10-0-1-2", {"phase": "Failed"})]),
                Replay([done], [RecordedPod("ip-10-0-1-2", {"phase": "Succeeded"})])]
     with RecordedApiServer(replays) as server:
         eks = target(server, tmp_path)
@@ -249,6 +253,34 @@ def test_training_runs_on_the_nodes_precompile_ran_on_and_leaves_out_a_lost_one(
     assert node_terms(first) == [("In", ["ip-10-0-1-1", "ip-10-0-1-2"])]
     assert node_terms(second) == [("In", ["ip-10-0-1-2"]), ("NotIn", ["ip-10-0-1-1"])]
     assert all(invalid(body) == [] for body in server.created())
+
+
+def test_a_run_that_may_go_on_with_fewer_nodes_is_resubmitted_elastic_without_the_lost_node(tmp_path):
+    """On Kubernetes going on with fewer nodes (cluster.min_nodes) is the PyTorchJob's
+    elasticPolicy, inside the job: after a node failure the attempt loop resubmits the same
+    elastic job with the lost node left out, and asks no Slurm partition how many nodes are left."""
+    from tasks.attempts import MetricsFollower, run_attempts
+
+    replays = [Replay([recorded("job-status-backoff-limit-exceeded.json")],
+                      [RecordedPod("ip-10-0-1-1", LOST_TO_A_TAINT), RecordedPod("ip-10-0-1-2", {"phase": "Failed"})]),
+               Replay([recorded("jaxjob-status-succeeded.yaml")], [RecordedPod("ip-10-0-1-2", {"phase": "Succeeded"})])]
+    with RecordedApiServer(replays) as server:
+        cluster = runbook_cluster().model_copy(update={"image": "pretrain:cpu", "namespace": "training",
+                                                       "api_server": server.url, "mount_path": str(tmp_path)})
+        spec = load_spec("tiny-local", ["cluster.block=kubernetes-cluster/eks", f"paths.root={tmp_path}/pretrain",
+                                        "cluster.nodes=2", "cluster.min_nodes=1"])
+        follower = MetricsFollower(spec, tmp_path / "metrics.jsonl", 10, 600)
+        attempts = run_attempts(spec, KubernetesTarget(cluster, spec), follower, max_restarts=1,
+                                prepare=lambda attempt: JobRequest("tiny-train", Command(["torchrun"]), 60, nodes=2))
+    assert [a["outcome"].split(":")[0] for a in attempts.history] == ["NODE_FAIL", "completed"]
+    first, second = server.created()
+    for body in (first, second):
+        assert body["spec"]["elasticPolicy"]["minReplicas"] == 1 and body["spec"]["elasticPolicy"]["maxReplicas"] == 2
+        assert body["spec"]["pytorchReplicaSpecs"]["Worker"]["replicas"] == 2 and invalid(body) == []
+    pod = second["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]
+    (term,) = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    assert term["matchExpressions"] == [{"key": "kubernetes.io/hostname", "operator": "NotIn",
+                                         "values": ["ip-10-0-1-1"]}]
 
 
 def test_a_pod_whose_lease_is_not_renewed_stops_its_program_and_fails(tmp_path):

@@ -57,17 +57,29 @@ def test_every_object_of_the_eks_preset_validates_and_carries_the_runbooks_shape
     assert tokenize["completionMode"] == "Indexed" and tokenize["backoffLimitPerIndex"] == 0
 
 
-def test_elastic_training_and_precompile_affinity_validate():
-    spec = load_spec("gpt3-7.5b-eks", ["cluster.nodes=4"])
-    cluster = eks().model_copy(update={"elastic": True})
-    body = kubernetes.pytorch_job(cluster, spec, "gpt-train", "train", Command(["torchrun", "--nnodes", "$NNODES"]),
-                                  60, max_restarts=3, nodes=("ip-10-0-1-1", "ip-10-0-1-2"))
+def test_a_run_that_may_go_on_with_fewer_nodes_gets_its_elastic_policy_from_min_nodes():
+    """cluster.min_nodes asks for it, as it does on Slurm: Workers only, between min_nodes and
+    nodes pods, their pods restarted up to the backend's max_restarts; pinned to precompile's nodes."""
+    shrinking = ["cluster.block=kubernetes-cluster/eks", "paths.root=/fsx/pretrain", "cluster.nodes=2",
+                 "backend.native.max_restarts=3"]
+    spec = load_spec("tiny-local", [*shrinking, "cluster.min_nodes=1"])
+    body = kubernetes.pytorch_job(eks(), spec, "tiny-train", "train", Command(["torchrun", "--nnodes", "$NNODES"]),
+                                  60, nodes=("ip-10-0-1-1", "ip-10-0-1-2"))
     assert invalid(body) == []
-    assert body["spec"]["elasticPolicy"] == {"rdzvBackend": "c10d", "minReplicas": 4, "maxReplicas": 4, "maxRestarts": 3}
-    assert set(body["spec"]["pytorchReplicaSpecs"]) == {"Worker"}
-    pod = body["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]
+    assert body["spec"]["elasticPolicy"] == {"rdzvBackend": "c10d", "minReplicas": 1, "maxReplicas": 2,
+                                             "maxRestarts": 3}
+    assert body["spec"]["runPolicy"]["backoffLimit"] == 3
+    replicas = body["spec"]["pytorchReplicaSpecs"]
+    assert list(replicas) == ["Worker"] and replicas["Worker"]["replicas"] == 2
+    assert replicas["Worker"]["restartPolicy"] == "OnFailure"
+    pod = replicas["Worker"]["template"]["spec"]
     term = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"][0]
     assert term["matchExpressions"][0]["values"] == ["ip-10-0-1-1", "ip-10-0-1-2"]
+    # without cluster.min_nodes: a Master and a Worker, none restarted in place
+    fixed = kubernetes.pytorch_job(eks(), load_spec("tiny-local", shrinking), "tiny-train", "train",
+                                   Command(["torchrun"]), 60)["spec"]
+    assert "elasticPolicy" not in fixed and fixed["runPolicy"]["backoffLimit"] == 0
+    assert {name: r["replicas"] for name, r in fixed["pytorchReplicaSpecs"].items()} == {"Master": 1, "Worker": 1}
 
 
 def test_neuron_preset_renders_convert_precompile_and_train_that_validate():
@@ -103,24 +115,19 @@ def test_indexed_job_runs_each_command_by_its_index():
     assert subprocess.run(script, env={"JOB_COMPLETION_INDEX": "2", "PATH": "/usr/bin:/bin"}).returncode == 2
 
 
-def test_paths_outside_the_volume_and_a_missing_image_are_refused():
+def test_paths_outside_the_volume_and_a_missing_or_squashfs_image_are_refused():
     spec = load_spec("gpt3-7.5b-eks", ["paths.root=/home/ubuntu/data"])
     with pytest.raises(ValueError, match="paths.root=/home/ubuntu/data is not under .* mount_path /fsx"):
         kubernetes.check_paths(eks(), spec)
     spec = load_spec("gpt3-7.5b-eks", ["backend.megatron_lm.container_image=null"])
-    with pytest.raises(ValueError, match="no image for the pods"):
+    with pytest.raises(ValueError, match="no image for the pods: set the KubernetesCluster block's `image`"):
         kubernetes.batch_job(runbook_cluster(), spec, "j", "fetch", Command(["true"]), 10)
-
-
-def test_a_run_that_may_shrink_is_refused_on_kubernetes_before_the_block_is_read():
-    """Going on with fewer nodes (cluster.min_nodes) counts the Slurm partition's healthy nodes."""
-    from tasks.executor import cluster_for
-
-    spec = load_spec("tiny-local", ["cluster.block=kubernetes-cluster/eks", "cluster.nodes=2", "cluster.min_nodes=1",
-                                    "cluster.devices_per_node=1"])
-    with pytest.raises(ValueError, match="cluster.min_nodes=1: a run goes on with fewer nodes on Slurm only; cluster"
-                                         ".block=kubernetes-cluster/eks runs on Kubernetes: unset cluster.min_nodes"):
-        cluster_for(spec)
+    # the image stage's squashfs is pyxis's: a pod pulls a registry image
+    spec = load_spec("gpt3-7.5b-gpu", ["cluster.block=kubernetes-cluster/eks"])
+    assert spec.backend.megatron_lm.image is not None
+    with pytest.raises(ValueError, match="backend.megatron_lm.image: the image stage builds a squashfs for "
+                                         "enroot/pyxis"):
+        kubernetes.image(eks(), spec)
 
 
 def test_cli_render_of_the_eks_preset_writes_the_jobs_and_the_pytorchjob(tmp_path):

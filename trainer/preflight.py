@@ -13,14 +13,12 @@ exit status is 1 when one failed.
 from __future__ import annotations
 
 import argparse
-import os
 import shutil
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
-from trainer.records import emit
+from trainer.records import emit, node_name
 
 
 def check(name: str, ok: bool, found: str, fix: str = "") -> dict:
@@ -118,6 +116,5 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
     checks = CHECKS[args.backend](args)
-    node = os.environ.get("SLURMD_NODENAME") or socket.gethostname()
-    emit({"node": node, "backend": args.backend, "ok": all(c["ok"] for c in checks), "checks": checks}, args.record)
+    emit({"node": node_name(), "backend": args.backend, "ok": all(c["ok"] for c in checks), "checks": checks}, args.record)
     return 0 if all(c["ok"] for c in checks) else 1

@@ -10,6 +10,12 @@ import sys
 from pathlib import Path
 
 
+def node_name() -> str:
+    """The scheduler's name for this node, which the next job's node list takes: Slurm's, or the
+    Kubernetes node a pod runs on (NODE_NAME, from the pod's spec.nodeName); else the host's."""
+    return os.environ.get("SLURMD_NODENAME") or os.environ.get("NODE_NAME") or socket.gethostname()
+
+
 def emit(record: dict, path: str | None = None) -> None:
     line = json.dumps(record)
     if path:

@@ -17,20 +17,17 @@ import json
 import os
 import shutil
 import signal
-import socket
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
+from trainer.records import node_name
+
 # Record fields as TensorBoard tags with their units.
 TAGS = {"util_pct": "util(%)", "memory_gib": "memory(GiB)", "power_w": "power(W)", "temperature_c": "temperature(C)",
         "sm_clock_mhz": "sm_clock(MHz)", "read_mb_s": "read(MB/s)", "write_mb_s": "write(MB/s)",
         "host_memory_gib": "host_memory(GiB)", "errors": "errors"}
-
-
-def node_name() -> str:
-    return os.environ.get("SLURMD_NODENAME") or socket.gethostname()
 
 
 def open_source(interval_s: float, watched: int) -> Any:

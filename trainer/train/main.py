@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import socket
 import sys
 from typing import NoReturn
 
@@ -66,9 +65,8 @@ def run(argv: list[str]) -> int:
         trainer.close()
     if cfg.parallel.compile and args.record and os.environ.get("LOCAL_RANK", "0") == "0":
         # Compile caches are per node: each node's first rank reports what it compiled, under
-        # the scheduler's name for the node, which the next job's node list takes: Slurm's, or
-        # the Kubernetes node a pod runs on (NODE_NAME, from the pod's spec.nodeName).
-        host = os.environ.get("SLURMD_NODENAME") or os.environ.get("NODE_NAME") or socket.gethostname()
+        # the scheduler's name for the node (records.node_name).
+        host = records.node_name()
         counts = devices.compile_counts(trainer.device)
         records.emit({"node": host, **counts}, f"{args.record}.compile-{host}.json")
     if trainer.rank == 0:
