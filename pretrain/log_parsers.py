@@ -4,6 +4,8 @@
   (``reduced_train_loss=13.40, lr=7.5e-9, global_step=1.000, ...``), global_step counting from 0;
   counts tqdm rounded (``global_step=3.1e+4``) kept as printed and flagged (``step_rounded``,
   ``consumed_samples_rounded``). NeMo 2.0's printer (``iteration 0/999 | global_step: 19 | ...``).
+  Lightning's sanity-check and validation bars (``MetricsStream.loop_bars``), and its checkpoint
+  and early-stopping callbacks' lines, on their steps.
 - torchtitan: its step line (``[titan] <time> - root - INFO - step: 200  loss: 6.1384 ...``),
   with or without ANSI colours and torchrun's ``[rank0]:`` prefix.
 - NxD Llama examples: ``step 1 step_time 244.76s throughput 3.93 seq/s loss 13.41 grad norm 1.97``.
@@ -54,7 +56,14 @@ MEGATRON_KEYS = {"lm loss": "loss", "learning rate": "lr", "decoupled learning r
                  "energy per GPU (J/iter/GPU)": "energy_per_device_j", "power per GPU (W/GPU)": "power_per_device_w",
                  "global batch size": "global_batch_size", "loss scale": "loss_scale",
                  "number of skipped iterations": "skipped_iterations", "number of nan iterations": "nan_iterations",
-                 "tokens per second": "tokens_per_s", "MFU (%)": "mfu_pct", "max memory allocated (GiB)": "memory_gib"}
+                 "tokens per second": "tokens_per_s", "MFU (%)": "mfu_pct", "max memory allocated (GiB)": "memory_gib",
+                 # Megatron-DeepSpeed's model TFLOPs, divided by the world size (``throughput_calculator``
+                 # in microsoft/Megatron-DeepSpeed megatron/utils.py): per GPU, as Megatron-LM's own.
+                 "TFLOPs": "tflops_per_device",
+                 # The Neuron reference fork's moving average of sequences per second over all ranks
+                 # (``Throughput.get_throughput`` in aws-neuron/aws-neuron-reference-for-megatron-lm
+                 # megatron/training.py: micro batch x data parallel x accumulation per iteration).
+                 "throughput": "throughput_seq_s"}
 
 # Lightning's TQDM bar: "Epoch 0:   3%|▎    | 3/91 [16:05<7:52:06, 321.89s/it, <postfix>]", the
 # rate "321.89s/it" or "0.02it/s" ("?it/s" before the first update); NeMo 1.x's MegatronProgressBar
@@ -94,6 +103,20 @@ _TITAN_RANK = re.compile(r"^\[rank(\d+)\]:")
 _TITAN_FIELD = re.compile(r"(\w+):\s*([-\d,.]+|nan|inf)(?:GiB\(([\d.]+)%\)|%)?(?=\s|$)")
 TITAN_KEYS = {"loss": "loss", "grad_norm": "grad_norm", "memory": "memory_gib", "tps": "tokens_per_s_per_device",
               "tflops": "tflops_per_device", "mfu": "mfu_pct"}
+# Lightning's other loops' bars, drawn between training updates: the sanity check before
+# training and validation, with a total ("Validation DataLoader 0: 100%|...| 50/50 [00:39<00:00,
+# 1.27it/s]") or as a counter ("Sanity Checking: 0it [00:00, ?it/s]"). A bar drawn over another
+# loses the head of its description ("dation DataLoader 0: : 51it [00:20,  2.53it/s]").
+_LOOP_BAR = re.compile(r"(Sanity Checking|(?:Vali)?dation)(?: DataLoader (\d+))?:(?: :)?\s+"
+                       r"(?:(\d+)%\|[^|]*\| (\d+)/(\d+) \[([\d:]+)<([\d:]+|\?)|(\d+)it \[([\d:]+)),"
+                       r" +(?:([\d.]+)(s/it|it/s)|\?it/s)\]")
+# Lightning's callbacks (``ModelCheckpoint._update_best_and_save`` and ``EarlyStopping``'s
+# stopping message in Lightning-AI/pytorch-lightning src/lightning/pytorch/callbacks/); the
+# "[rank: N] " is Lightning's prefix when more than one process runs.
+_CHECKPOINT = re.compile(r"Epoch (\d+), global step (\d+): '([^']+)' reached ([-+\w.]+) \(best ([-+\w.]+)\), "
+                         r"saving model to '([^']+)' as top (\d+)")
+_EARLY_STOP = re.compile(r"(?:\[rank: (\d+)\] )?Monitored metric (\S+) did not improve in the last (\d+) records\. "
+                         r"Best score: ([-+\w.]+)\. Signaling Trainer to stop\.")
 _NXD_LINE = re.compile(r"\bstep (\d+) step_time ([\d.]+)s throughput ([\d.]+) seq/s loss ([\d.eE+-]+)"
                        r"(?: grad norm ([\d.eE+-]+))?")
 
@@ -104,6 +127,8 @@ class MetricsStream:
     points: dict[int, dict[str, float | str]] = field(default_factory=dict)
     skipped: int = 0
     events: int = 0  # the native trainer's event lines (checkpoint saved, export, ...): signs of life
+    # Lightning's sanity-check and validation bars, in the order drawn, each with the step it ran at.
+    loop_bars: list[dict[str, float | str]] = field(default_factory=list)
 
     def add(self, step: int, metrics: dict[str, float | str]) -> None:
         # Progress bars repeat the same step between log intervals: the last report wins.
@@ -226,6 +251,47 @@ def _bar_update(pairs: dict[str, str], fields: dict[str, float | str], stream: M
     if "global_step_rounded" not in flags and "global_step_rounded" in stream.points.get(step, {}):
         del stream.points[step]  # an exact update replaces an approximate one, flags and all
     stream.add(step, {**fields, **metrics, **flags})
+
+
+def _loop_bars(line: str, stream: MetricsStream) -> None:
+    """Every sanity-check or validation bar drawn on ``line``: the loop, its dataloader, the bar's
+    counts, times and rate, the launcher's label, and ``after_step``: the newest training step once
+    the training bars of its line are read (0 before the first), the step the loop ran at."""
+    bars = list(_LOOP_BAR.finditer(line))
+    labels = _launcher_labels(line[:bars[0].start()]) if bars else {}
+    for bar in bars:
+        loop, loader, pct, count, total, elapsed, remaining, counter, counter_elapsed, rate, unit = bar.groups()
+        fields: dict[str, float | str] = {"loop": "sanity_check" if loop == "Sanity Checking" else "validation",
+                                          "after_step": max(stream.points, default=0), **labels}
+        if loader is not None:
+            fields["dataloader"] = int(loader)
+        if counter is not None:
+            fields |= {"progress_count": int(counter), "elapsed_s": _seconds(counter_elapsed)}
+        else:
+            fields |= {"progress_pct": int(pct), "progress_count": int(count), "progress_total": int(total),
+                       "elapsed_s": _seconds(elapsed)}
+            if remaining != "?":
+                fields["remaining_s"] = _seconds(remaining)
+        if rate is not None:
+            fields["s_per_it" if unit == "s/it" else "it_per_s"] = float(rate)
+        stream.loop_bars.append(fields)
+
+
+def _callbacks(line: str, stream: MetricsStream) -> None:
+    """A checkpoint saved as one of the best (on the step it names: Lightning's global step once
+    the step is done, as this stream counts), and early stopping (on the last step logged)."""
+    if saved := _CHECKPOINT.search(line):
+        epoch, step, monitor, score, best, path, top_k = saved.groups()
+        stream.add(int(step), {"epoch": int(epoch), "checkpoint_monitor": monitor, "checkpoint_score": float(score),
+                               "checkpoint_best_score": float(best), "checkpoint_path": path,
+                               "checkpoint_top_k": int(top_k)})
+    if (stop := _EARLY_STOP.search(line)) and stream.points:
+        rank, monitor, records, best = stop.groups()
+        fields: dict[str, float | str] = {"early_stop_monitor": monitor, "early_stop_records_without_improvement":
+                                          int(records), "early_stop_best_score": float(best)}
+        if rank is not None:
+            fields["early_stop_rank"] = int(rank)
+        stream.add(max(stream.points), fields)
 
 
 def _launcher_labels(head: str) -> dict[str, float]:
@@ -395,6 +461,10 @@ def parse_log(text: str, stream: MetricsStream | None = None) -> MetricsStream:
         if line.strip():
             (_native(line, stream) or _megatron(line, stream) or _megatron_eval(line, stream) or _lightning_bar(line, stream)
              or _torchtitan(line, stream) or _nxd_llama(line, stream))
+            if "dation" in line or "Sanity Checking" in line:  # most lines: spare them the expressions
+                _loop_bars(line, stream)
+            if "reached" in line or "Monitored metric" in line:
+                _callbacks(line, stream)
     return stream
 
 

@@ -15,7 +15,9 @@ relayed by a logger) or mpirun's ``[1,0]<stdout>:``; the JSON's statuses are ``t
 (2024 on) or ``"SUCCESS"``/``"FAILED"`` (2023). Checked on published output
 (``tests/assets/logs/neuron-parallel-compile-public.txt``). Beside the counts: the logger name,
 pid and time of the tool's last record, the last cache progress line's counts, and the JSON's
-start, compilation and per-graph compile times where it has them.
+start, compilation and per-graph compile times and retries where it has them, and what the other
+lines name: the cache path, the work directory, the graphs extracted, the neffs taken from the
+cache, each worker's task count and each sub-process's exception.
 """
 
 from __future__ import annotations
@@ -38,6 +40,13 @@ _RECORD = re.compile(r"^\.*(?:(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)\.(\d{6}):\s+)?(?:
 _SUCCEEDED = (True, "true", "SUCCESS")
 _TOTAL = re.compile(r"\|\|(?:NEURON_)?PARALLEL_COMPILE\|\|: Total (graphs|successful compilations|failed compilations): (\d+)")
 _NO_TODO = "No todo hlos found in cache or hlo_tasklist"
+# The tool's and the cc wrapper's other lines, each with what it names.
+_CACHE_PATH = re.compile(r"\|\|\w+\|\|: Compile cache path: (\S+)")
+_WORKDIR = re.compile(r"\|\|\w+\|\|: Removing existing workdir (\S+)")
+_EXTRACTED = re.compile(r"Extracting graphs \((\S+)\) for ahead-of-time parallel compilation")
+_CACHED_NEFF_AT = re.compile(r"Using a cached neff at (\S+?)\. Exiting with a successfully compiled graph")
+_WORKER_DONE = re.compile(r"worker (\d+) finished with num of tasks (\d+)")
+_SUBPROCESS = re.compile(r"sub-process (\d+) got exception: (.*?)\s*$", re.M)
 _CACHED_NEFF = "Using a cached neff at"
 _COMPILED = "Compiler status PASS"
 
@@ -62,6 +71,20 @@ class CompileSummary:
     """The results JSON's compilation_time: seconds from start to the last graph, 2025 on."""
     graph_seconds: dict[str, float] = field(default_factory=dict)
     """Each graph's compile_time from the results JSON, where it reports one."""
+    graph_retries: dict[str, int] = field(default_factory=dict)
+    """Each graph's retry count from the results JSON."""
+    cache_path: str | None = None
+    """The compile cache the tool or the cc wrapper last named ("Compile cache path: ...")."""
+    workdir: str | None = None
+    """The tool's work directory, which it removes and re-creates at its start."""
+    extracted_graphs: list[str] = field(default_factory=list)
+    """The graphs the trial run extracted for compilation ("Extracting graphs (<path>) ...")."""
+    cached_neffs: list[str] = field(default_factory=list)
+    """The compiled graphs (neffs) taken from the cache ("Using a cached neff at <path>")."""
+    worker_tasks: dict[int, int] = field(default_factory=dict)
+    """Compile workers that finished, with the number of graphs each compiled."""
+    subprocess_exceptions: dict[int, str] = field(default_factory=dict)
+    """What each compile sub-process raised, as printed ("None": it raised nothing)."""
 
     def as_row(self, node: str) -> dict:
         return {"node": node, "total": self.total, "succeeded": self.succeeded, "failed": self.failed,
@@ -77,7 +100,8 @@ def from_results(results: dict) -> CompileSummary:
     return CompileSummary(ok + bad, ok, bad, "results-json", failed, started=results.get("start_time"),
                           compile_s=results.get("compilation_time"),
                           graph_seconds={path: entry["compile_time"] for path, entry in report.items()
-                                         if "compile_time" in entry})
+                                         if "compile_time" in entry},
+                          graph_retries={path: entry["retry"] for path, entry in report.items() if "retry" in entry})
 
 
 def _json_record(text: str) -> dict | None:
@@ -115,7 +139,12 @@ def parse_npc_log(text: str) -> CompileSummary:
     text = _OUTER_PREFIX.sub("", text)
     progress = _PROGRESS.findall(text)
     last = dict(zip(_PROGRESS_FIELDS, map(int, progress[-1]))) if progress else None
-    return replace(_counts(text, last), progress=last, **_record_head(text))
+    cache_paths, workdirs = _CACHE_PATH.findall(text), _WORKDIR.findall(text)
+    return replace(_counts(text, last), progress=last, **_record_head(text),
+                   cache_path=cache_paths[-1] if cache_paths else None, workdir=workdirs[-1] if workdirs else None,
+                   extracted_graphs=_EXTRACTED.findall(text), cached_neffs=_CACHED_NEFF_AT.findall(text),
+                   worker_tasks={int(w): int(n) for w, n in _WORKER_DONE.findall(text)},
+                   subprocess_exceptions={int(i): e for i, e in _SUBPROCESS.findall(text)})
 
 
 def _counts(text: str, progress: dict[str, int] | None) -> CompileSummary:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import os
+import re
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
@@ -356,6 +357,11 @@ class ImageSpec(Strict):
                                            "/workspace/Megatron-LM (core_v0.16.1 is "
                                            "55ac7082517c3878ae653c07c09c534b8aed49f6); None clones nothing "
                                            "(a base that has it already).")
+    efa_installer: str | None = Field(None, description="Version of the AWS EFA installer put into the image "
+                                      "(user space only: libfabric with the EFA provider, Open MPI), e.g. 1.42.0; "
+                                      "None installs nothing (no EFA, or a base that has it).")
+    aws_ofi_nccl: str | None = Field(None, description="Version of aws-ofi-nccl, NCCL's plugin for libfabric, built "
+                                     "into the image against the EFA installer's libfabric, e.g. 1.16.0.")
     install_project: bool = Field(True, description="Install this project (its source at the running version) "
                                   "and submitit into the image: the job layer runs its Python inside the container.")
     pip: list[str] = Field(default_factory=list, description="Extra pip packages, each pinned (name==version).")
@@ -389,6 +395,21 @@ class ImageSpec(Strict):
             raise ValueError(f"backend.megatron_lm.image.copy_files: destinations {relative} must be absolute "
                              "paths in the image, e.g. /opt/site/nccl.conf")
         return value
+
+    @field_validator("efa_installer", "aws_ofi_nccl")
+    @classmethod
+    def _release(cls, value: str | None, info: ValidationInfo) -> str | None:
+        if value is not None and not re.fullmatch(r"\d+(\.\d+)+", value):
+            raise ValueError(f"backend.megatron_lm.image.{info.field_name}={value!r}: give a release number such "
+                             "as 1.16.0 (the download's name is built from it)")
+        return value
+
+    @model_validator(mode="after")
+    def _plugin_needs_libfabric(self) -> ImageSpec:
+        if self.aws_ofi_nccl and not self.efa_installer:
+            raise ValueError("backend.megatron_lm.image.aws_ofi_nccl is built against the EFA installer's "
+                             "libfabric: set backend.megatron_lm.image.efa_installer too")
+        return self
 
 
 class MegatronLMSpec(Restarts):

@@ -1,9 +1,10 @@
 """The training image from the spec: its Containerfile, and the script a build node runs to build
 it with podman (or docker) and import it to the squashfs pyxis starts (``srun --container-image``).
 
-The runbooks' GPU recipe, step for step: build on the NGC PyTorch image with Megatron-LM cloned at
-a pinned revision (aws-samples/awsome-distributed-training
-``3.test_cases/megatron/megatron-lm/aws-megatron-lm.Dockerfile``), then
+The runbooks' GPU recipe, step for step: build on the NGC PyTorch image with the EFA installer's
+user-space libraries, aws-ofi-nccl built against them, and Megatron-LM cloned at a pinned revision
+(aws-samples/awsome-distributed-training ``3.test_cases/megatron/megatron-lm/aws-megatron-lm.Dockerfile``,
+whose installer flags, configure options and library paths are those below), then
 ``enroot import -o megatron-training.sqsh dockerd://megatron-training:latest``. enroot's importers
 for images held by a local engine are ``dockerd://`` and ``podman://`` (NVIDIA/enroot
 ``doc/cmd/import.md``). Where the node has no enroot, the image is exported to a root filesystem
@@ -15,7 +16,7 @@ from __future__ import annotations
 
 import re
 import shlex
-from importlib.metadata import version
+from importlib.metadata import requires, version
 
 from pretrain.spec import ImageSpec
 
@@ -55,12 +56,42 @@ def copied_files(image: ImageSpec) -> list[tuple[str, str, str]]:
     return [(f"{FILES_CONTEXT}/{i}", src, dst) for i, (dst, src) in enumerate(sorted(image.copy_files.items()))]
 
 
-def containerfile(image: ImageSpec, project_version: str, submitit_version: str) -> str:
+def efa_steps(image: ImageSpec) -> list[str]:
+    """The EFA installer (user space: no kernel module, no limits, no verification, as a container
+    build needs) and aws-ofi-nccl built against its libfabric, both on the library path. The base's
+    own verbs packages go first: the installer brings its rdma-core, which they hold back."""
+    if not image.efa_installer:
+        return []
+    efa = f"aws-efa-installer-{image.efa_installer}"
+    steps = ["RUN apt-get update \\\n"
+             " && apt-get remove -y --allow-change-held-packages ibverbs-utils libibverbs-dev libibverbs1 libmlx5-1 \\\n"
+             f" && cd /tmp && curl -fsSLO https://efa-installer.amazonaws.com/{efa}.tar.gz \\\n"
+             f" && tar -xf {efa}.tar.gz && cd aws-efa-installer \\\n"
+             " && ./efa_installer.sh -y -g -d --skip-kmod --skip-limit-conf --no-verify \\\n"
+             f" && cd /tmp && rm -rf aws-efa-installer {efa}.tar.gz /var/lib/apt/lists/*"]
+    paths = ["/opt/amazon/openmpi/lib", "/opt/amazon/efa/lib"]
+    if image.aws_ofi_nccl:
+        ofi = f"aws-ofi-nccl-{image.aws_ofi_nccl}"
+        steps.append(
+            "RUN apt-get update && apt-get install -y --no-install-recommends libhwloc-dev && rm -rf /var/lib/apt/lists/* \\\n"
+            f" && cd /tmp && curl -fsSLO https://github.com/aws/aws-ofi-nccl/releases/download/v{image.aws_ofi_nccl}/{ofi}.tar.gz \\\n"
+            f" && tar -xf {ofi}.tar.gz && cd {ofi} \\\n"
+            " && ./configure --prefix=/opt/aws-ofi-nccl/install --with-mpi=/opt/amazon/openmpi \\\n"
+            "    --with-libfabric=/opt/amazon/efa --with-cuda=/usr/local/cuda --enable-platform-aws \\\n"
+            f" && make -j \"$(nproc)\" && make install && cd /tmp && rm -rf {ofi} {ofi}.tar.gz")
+        paths.append("/opt/aws-ofi-nccl/install/lib")
+    # Unquoted, so that the engine expands the base image's own values.
+    return steps + [f"ENV LD_LIBRARY_PATH={':'.join(paths)}:$LD_LIBRARY_PATH",
+                    "ENV PATH=/opt/amazon/openmpi/bin:/opt/amazon/efa/bin:$PATH"]
+
+
+def containerfile(image: ImageSpec, project_version: str, runtime: list[str]) -> str:
     """Slowest-changing steps first, so that a rebuild after a change reuses the engine's cached
-    layers above it: the base and Megatron-LM, then pip packages and files, then this project,
-    then ENV (setting a variable rebuilds nothing else)."""
+    layers above it: the base, EFA and Megatron-LM, then pip packages and files, then this
+    project, then ENV (setting a variable rebuilds nothing else). ``runtime``: the pinned packages
+    the project needs inside the container (:func:`runtime_requirements`)."""
     lines = ["# Rendered by pretrain-pipeline from backend.megatron_lm.image (render/image.py).",
-             f"FROM {image.base}"]
+             f"FROM {image.base}", *efa_steps(image)]
     if image.megatron_lm_commit:
         lines.append(f"RUN git clone --no-checkout {shlex.quote(image.megatron_lm_repository)} {MEGATRON_LM_DIR} \\\n"
                      f" && git -C {MEGATRON_LM_DIR} checkout {image.megatron_lm_commit}")
@@ -68,9 +99,10 @@ def containerfile(image: ImageSpec, project_version: str, submitit_version: str)
         lines.append("RUN pip install --no-cache-dir " + " ".join(shlex.quote(req) for req in image.pip))
     lines += [f"COPY {name} {dst}" for name, _, dst in copied_files(image)]
     if image.install_project:
-        # The job layer unpickles its command with submitit inside the container: the same
-        # submitit as the flow's, and this project without its control-plane dependencies.
-        lines += [f"RUN pip install --no-cache-dir submitit=={submitit_version}",
+        # The job layer unpickles its command with submitit inside the container, and the device
+        # sampler reads the GPUs through NVML: those, and this project without its control-plane
+        # dependencies.
+        lines += ["RUN pip install --no-cache-dir " + " ".join(shlex.quote(req) for req in runtime),
                   f"COPY {PROJECT_CONTEXT} {PROJECT_DIR}",
                   f"RUN pip install --no-cache-dir --no-deps {PROJECT_DIR}",
                   f"LABEL org.opencontainers.image.version={project_version}"]
@@ -78,9 +110,17 @@ def containerfile(image: ImageSpec, project_version: str, submitit_version: str)
     return "\n".join(lines) + "\n"
 
 
+def runtime_requirements() -> list[str]:
+    """What the image installs beside the project, at the versions installed here: the submitit
+    the flow pickles with, and the ``gpu`` extra (nvidia-ml-py, the device sampler's NVML), which
+    the NGC PyTorch base does not ship."""
+    gpu = [req.partition(";")[0].strip() for req in requires("pretrain-pipeline") or [] if 'extra == "gpu"' in req]
+    return [f"submitit=={version('submitit')}", *gpu]
+
+
 def installed_containerfile(image: ImageSpec) -> str:
-    """The Containerfile for the project and submitit installed here, which the image must match."""
-    return containerfile(image, version("pretrain-pipeline"), version("submitit"))
+    """The Containerfile for the project and the packages installed here, which the image must match."""
+    return containerfile(image, version("pretrain-pipeline"), runtime_requirements())
 
 
 def _env_value(value: str) -> str:

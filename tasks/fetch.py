@@ -164,11 +164,14 @@ def _fetch_hub(source: DataSource, hub: HubSource, staging: Path, names: dict[st
     started = time.monotonic()
     folder = snapshot(hub.ref, hub.commit, hub.ref.patterns, hub.access)
     pinned = replace(hub.ref, revision=hub.commit, patterns=()).uri
+    described = None
     if source.dataset is not None:
-        files = write_jsonl_shards(hub.ref, folder, source.dataset.config, source.dataset.split, staging)["files"]
+        written = write_jsonl_shards(hub.ref, folder, source.dataset.config, source.dataset.split, staging)
+        files = written["files"]
         for name in files:
             _claim(names, name, hub.ref.uri)
         sources = {name: pinned for name in files}
+        described = {k: written[k] for k in ("rows", "columns", "fingerprint")}
     else:
         files = snapshot_files(folder)
         for name in files:
@@ -183,7 +186,7 @@ def _fetch_hub(source: DataSource, hub: HubSource, staging: Path, names: dict[st
     # huggingface_hub's cache may have held some files already: bytes moved are not counted
     return [{"file": name, "source": uri, "etag": hub.commit, "bytes": (staging / name).stat().st_size,
              "output_bytes": (staging / name).stat().st_size, "seconds": seconds, "bytes_transferred": None,
-             "resumed": False} for name, uri in sources.items()]
+             "resumed": False, **({"dataset": described} if described else {})} for name, uri in sources.items()]
 
 
 @task(name="fetch", retries=3, retry_delay_seconds=exponential_backoff(backoff_factor=5),
@@ -231,6 +234,12 @@ def fetch(spec: PretrainSpec, reuse_only: bool = False) -> str:
             sources=[{"uri": r["source"], "etag": r["etag"], "bytes": r["bytes"], "file": r["file"]}
                      for r in records],
             bytes=total, seconds=round(time.monotonic() - started, 3),
+            # what datasets read, by source: its rows, columns and fingerprint. The commit keys the
+            # output, not the fingerprint: that is known only once the split is read, and it hashes
+            # the builder's directory name, in which local files count by their modification times,
+            # not their bytes (``_get_dataset_fingerprint`` in huggingface/datasets builder.py,
+            # ``_get_single_origin_metadata`` in data_files.py).
+            datasets={r["source"]: r["dataset"] for r in records if "dataset" in r},
         )
     rows = [{"file": r["file"], "bytes": r["bytes"],
              "MB/s": round(r["bytes"] / 1e6 / r["seconds"], 1) if r["seconds"] else None,

@@ -4,6 +4,7 @@ executor's refusals, pending reasons Slurm never satisfies, and the retry condit
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import subprocess
 import time
@@ -16,7 +17,7 @@ from prefect import flow, task
 from blocks.cluster import SlurmCluster
 from jobs.node import Command
 from jobs.nodes import gres_gpus, parse_partition
-from jobs.pending import never_runs
+from jobs.pending import WAITING_LOG_EVERY_S, QueueWatch, never_runs, queue_reason
 from jobs.slurm import ClusterMismatch, JobRequest, SlurmJobFailed, local_refusal, run_job, slurm_parameters
 from pretrain.presets import load_spec
 from tasks.artifacts import retryable
@@ -192,6 +193,29 @@ def test_a_job_its_partition_can_never_run_fails_with_the_reason(local_stack, tm
     assert "PartitionConfig, which Slurm will never satisfy" in str(info.value)
 
 
+def test_a_job_that_only_waits_says_why_and_for_how_long_at_each_interval(local_stack, caplog):
+    """A job in a partition that is down for now waits (PartitionDown): it is never failed, and
+    its reason and wait are logged once per WAITING_LOG_EVERY_S. The watch's clock is advanced
+    by hand, so the test waits seconds, not the minutes between two logs."""
+    name, now = "ff-waiting", [0.0]
+    logger = logging.getLogger("test-queue-watch")
+    with partition(name, "State=DOWN"):
+        job = subprocess.run(["sbatch", "--parsable", "-p", name, "-o", "/dev/null", "--wrap", "true"],
+                             capture_output=True, text=True, check=True).stdout.strip()
+        deadline = time.monotonic() + 30  # until the controller's scheduling pass has given its reason
+        while queue_reason(job) != "PartitionDown":
+            assert time.monotonic() < deadline, f"job {job} pending with reason {queue_reason(job)!r}"
+            time.sleep(0.5)
+        watch = QueueWatch(job, "waiting", logger, clock=lambda: now[0])
+        with caplog.at_level(logging.INFO, logger=logger.name):
+            for polls in range(9):  # two and a bit intervals
+                now[0] = polls * WAITING_LOG_EVERY_S / 4
+                assert watch.pending() is None
+    minutes = [f"{WAITING_LOG_EVERY_S * k / 60:.0f}" for k in (1, 2)]
+    assert [r.getMessage() for r in caplog.records if r.name == logger.name] == [
+        f"job {job} (waiting) has waited {m} min in the queue: PartitionDown" for m in minutes]
+
+
 # ---------------------------------------------------------------- the preflight on the local cluster
 
 
@@ -200,17 +224,25 @@ def neuron_spec(root: Path, examples: Path, nodes: int = 1):
                                            f"cluster.nodes={nodes}", f"backend.neuron.examples_dir={examples}"])
 
 
-def test_preflight_names_the_tool_missing_on_the_node(local_stack, tmp_path):
-    """A node with the Neuron driver's neuron-ls and NxDT's examples but without the compiler
-    wrapper: the probe job names that one, and passes once the setup lines put it on PATH."""
-    tools, examples = tmp_path / "bin", tmp_path / "examples"
+def neuron_stand_ins(root: Path, *on_path: str) -> tuple[Path, Path]:
+    """Stand-ins for the Neuron SDK's tools under ``root``, those named in ``on_path`` linked into
+    a directory for the setup lines' PATH, and an NxDT examples directory: (that directory, examples)."""
+    tools, examples = root / "bin", root / "examples"
     tools.mkdir()
     examples.mkdir()
     (examples / "training_orchestrator.py").write_text("")
-    for tool in ("neuron-ls", "neuron_parallel_compile"):  # stand-ins for the Neuron SDK's tools
-        (tmp_path / tool).write_text("#!/bin/sh\necho 'instance-type: trn1.32xlarge'\n")
-        (tmp_path / tool).chmod(0o755)
-    os.symlink(tmp_path / "neuron-ls", tools / "neuron-ls")
+    for tool in ("neuron-ls", "neuron_parallel_compile"):
+        (root / tool).write_text("#!/bin/sh\necho 'instance-type: trn1.32xlarge'\n")
+        (root / tool).chmod(0o755)
+    for tool in on_path:
+        os.symlink(root / tool, tools / tool)
+    return tools, examples
+
+
+def test_preflight_names_the_tool_missing_on_the_node(local_stack, tmp_path):
+    """A node with the Neuron driver's neuron-ls and NxDT's examples but without the compiler
+    wrapper: the probe job names that one, and passes once the setup lines put it on PATH."""
+    tools, examples = neuron_stand_ins(tmp_path, "neuron-ls")
     cluster = SlurmCluster(executor="slurm", setup=[f"export PATH={tools}:$PATH"])
     spec = neuron_spec(tmp_path, examples)
 

@@ -60,8 +60,13 @@ def test_hub_sources_with_a_token_from_a_secret_block(tmp_path):
         fetched = Path(state.result()["fetch"])
         shard = fetched / "wiki-raw_en-train-00000-of-00001.jsonl"
         assert shard.read_text().count("\n") == (ASSETS / "corpus.jsonl").read_text().count("\n")
-        sources = json.loads((fetched / "MANIFEST.json").read_text())["key_inputs"]["sources"]
+        described = json.loads((fetched / "MANIFEST.json").read_text())
+        sources = described["key_inputs"]["sources"]
         assert len(sources[0]["commit"]) == 40 and sources[0]["uri"].endswith(sources[0]["commit"])
+        # what datasets read, recorded beside the commit that keys it
+        [(uri, read)] = described["datasets"].items()
+        assert uri == sources[0]["uri"] and read["rows"] == shard.read_text().count("\n")
+        assert read["columns"] == ["text"] and len(read["fingerprint"]) == 16
         # no weights: the tokenizer's files only
         (tokenizer_dir,) = (tmp_path / "root" / "hub").glob("hub-*")
         assert sorted(p.name for p in tokenizer_dir.iterdir()) == sorted([*tokenizer, "MANIFEST.json"])

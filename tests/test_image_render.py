@@ -20,25 +20,65 @@ pytestmark = pytest.mark.pure
 GPU_CONTAINERFILE = """\
 # Rendered by pretrain-pipeline from backend.megatron_lm.image (render/image.py).
 FROM nvcr.io/nvidia/pytorch:24.09-py3
+RUN apt-get update \\
+ && apt-get remove -y --allow-change-held-packages ibverbs-utils libibverbs-dev libibverbs1 libmlx5-1 \\
+ && cd /tmp && curl -fsSLO https://efa-installer.amazonaws.com/aws-efa-installer-1.42.0.tar.gz \\
+ && tar -xf aws-efa-installer-1.42.0.tar.gz && cd aws-efa-installer \\
+ && ./efa_installer.sh -y -g -d --skip-kmod --skip-limit-conf --no-verify \\
+ && cd /tmp && rm -rf aws-efa-installer aws-efa-installer-1.42.0.tar.gz /var/lib/apt/lists/*
+RUN apt-get update && apt-get install -y --no-install-recommends libhwloc-dev && rm -rf /var/lib/apt/lists/* \\
+ && cd /tmp && curl -fsSLO https://github.com/aws/aws-ofi-nccl/releases/download/v1.16.0/aws-ofi-nccl-1.16.0.tar.gz \\
+ && tar -xf aws-ofi-nccl-1.16.0.tar.gz && cd aws-ofi-nccl-1.16.0 \\
+ && ./configure --prefix=/opt/aws-ofi-nccl/install --with-mpi=/opt/amazon/openmpi \\
+    --with-libfabric=/opt/amazon/efa --with-cuda=/usr/local/cuda --enable-platform-aws \\
+ && make -j "$(nproc)" && make install && cd /tmp && rm -rf aws-ofi-nccl-1.16.0 aws-ofi-nccl-1.16.0.tar.gz
+ENV LD_LIBRARY_PATH=/opt/amazon/openmpi/lib:/opt/amazon/efa/lib:/opt/aws-ofi-nccl/install/lib:$LD_LIBRARY_PATH
+ENV PATH=/opt/amazon/openmpi/bin:/opt/amazon/efa/bin:$PATH
 RUN git clone --no-checkout https://github.com/NVIDIA/Megatron-LM.git /workspace/Megatron-LM \\
  && git -C /workspace/Megatron-LM checkout 55ac7082517c3878ae653c07c09c534b8aed49f6
-RUN pip install --no-cache-dir submitit==1.5.4
+RUN pip install --no-cache-dir submitit==1.5.4 nvidia-ml-py==13.615.71
 COPY pretrain-pipeline /opt/pretrain-pipeline
 RUN pip install --no-cache-dir --no-deps /opt/pretrain-pipeline
 LABEL org.opencontainers.image.version=0.1.0
+ENV NCCL_ASYNC_ERROR_HANDLING=1
+ENV NCCL_DEBUG=INFO
+ENV NCCL_SOCKET_IFNAME=^docker,lo,veth_def_agent
 """
+RUNTIME = ["submitit==1.5.4", "nvidia-ml-py==13.615.71"]
 
 
 def test_the_gpu_presets_containerfile_is_the_runbooks_image_with_this_project():
+    """The runbook's image (aws-megatron-lm.Dockerfile): EFA, aws-ofi-nccl on the library path,
+    Megatron-LM at its commit, its NCCL settings; and this project with what it runs in the
+    container: submitit for the job layer, nvidia-ml-py for the device sampler's NVML."""
     image = load_spec("gpt3-7.5b-gpu").backend.megatron_lm.image
-    assert containerfile(image, "0.1.0", "1.5.4") == GPU_CONTAINERFILE
+    assert containerfile(image, "0.1.0", RUNTIME) == GPU_CONTAINERFILE
+
+
+def test_the_image_installs_the_device_samplers_nvml_at_the_projects_pin():
+    """The pins of pyproject.toml's gpu extra, which pip's --no-deps install of the project skips."""
+    import tomllib
+    from pathlib import Path
+
+    from render.image import installed_containerfile
+
+    extras = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    rendered = installed_containerfile(load_spec("gpt3-7.5b-gpu").backend.megatron_lm.image)
+    [runtime] = [line for line in rendered.splitlines() if "submitit==" in line]
+    assert extras["gpu"] and all(f" {pin}" in runtime for pin in extras["gpu"])
+
+
+def test_aws_ofi_nccl_without_the_efa_installer_is_refused():
+    with pytest.raises(ValidationError, match="aws_ofi_nccl is built against the EFA installer's libfabric: "
+                                              "set backend.megatron_lm.image.efa_installer"):
+        ImageSpec(base="scratch", aws_ofi_nccl="1.16.0")
 
 
 def test_pip_files_and_env_in_their_order_env_quoted_as_a_containerfile_reads_it():
     image = ImageSpec(base="scratch", install_project=False, pip=["nvidia-ml-py==12.560.30"],
                       copy_files={"/opt/b.conf": "/x/b", "/etc/a.conf": "/x/a"},
                       env={"NCCL_DEBUG": "INFO", "FI_PROVIDER": "efa", "NOTE": 'a "b" $c'})
-    assert containerfile(image, "0.1.0", "1.5.4").splitlines()[1:] == [
+    assert containerfile(image, "0.1.0", RUNTIME).splitlines()[1:] == [
         "FROM scratch", "RUN pip install --no-cache-dir nvidia-ml-py==12.560.30",
         "COPY files/0 /etc/a.conf", "COPY files/1 /opt/b.conf",
         "ENV FI_PROVIDER=efa", "ENV NCCL_DEBUG=INFO", 'ENV NOTE="a \\"b\\" \\$c"']
@@ -48,6 +88,7 @@ def test_pip_files_and_env_in_their_order_env_quoted_as_a_containerfile_reads_it
     ("megatron_lm_commit", "core_v0.16.1", "full 40-hex commit"),
     ("pip", ["nvidia-ml-py"], "pin each package"),
     ("copy_files", {"etc/a.conf": "/x"}, "must be absolute"),
+    ("efa_installer", "latest; rm -rf /", "give a release number"),
 ])
 def test_an_image_that_could_change_under_its_key_is_refused_naming_the_field(field, value, says):
     with pytest.raises(ValidationError, match=f"backend.megatron_lm.image.{field}.*{says}"):

@@ -5,6 +5,7 @@ against a local API server that answers with those objects (tests/kubernetes_api
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -281,6 +282,37 @@ def test_a_run_that_may_go_on_with_fewer_nodes_is_resubmitted_elastic_without_th
     (term,) = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
     assert term["matchExpressions"] == [{"key": "kubernetes.io/hostname", "operator": "NotIn",
                                          "values": ["ip-10-0-1-1"]}]
+
+
+def test_an_attempt_that_failed_names_the_node_whose_gpu_reported_an_xid_and_leaves_it_out(tmp_path):
+    """The training job fails, its pods on both nodes Failed (no node failure), while the device
+    sampler's file of one node holds an XID: the attempt's outcome, and the run's failure, name
+    that node and what its GPU reported, and the resubmission is kept off it."""
+    from tasks.attempts import MetricsFollower, run_attempts
+    from trainer.monitor.nvml import gpu_record
+
+    devices = tmp_path / "devices"
+    devices.mkdir()
+    sample = gpu_record(3, utilization_pct=0, memory_used_bytes=2**30, power_mw=None, temperature_c=None,
+                        sm_clock_mhz=None, new_ecc_uncorrected=0, xids=[79])
+    (devices / "ip-10-0-1-1.jsonl").write_text(json.dumps({"kind": "device", "node": "ip-10-0-1-1", "time": 1.0,
+                                                           **sample}) + "\n")
+    failed = Replay([recorded("job-status-backoff-limit-exceeded.json")],
+                    [RecordedPod("ip-10-0-1-1", {"phase": "Failed"}), RecordedPod("ip-10-0-1-2", {"phase": "Failed"})])
+    with RecordedApiServer([failed, failed]) as server:
+        eks = target(server, tmp_path)
+        follower = MetricsFollower(eks.spec, tmp_path / "metrics.jsonl", 10, 600, devices_dir=devices)
+        attempts = run_attempts(eks.spec, eks, follower, max_restarts=1, prepare=lambda attempt: JobRequest(
+            "gpt-train", Command(["torchrun"]), 60, nodes=2, gpus_per_node=8))
+    first, second = (a["outcome"] for a in attempts.history)
+    assert first.startswith("FAILED: ") and first.endswith(" -- device errors on ip-10-0-1-1 (gpu3: XID 79)")
+    assert attempts.excluded == {"ip-10-0-1-1"}
+    assert "device errors" not in second  # the node was left out: its errors are not the second attempt's
+    assert "device errors on ip-10-0-1-1 (gpu3: XID 79)" in str(attempts.failure())
+    _, resubmitted = server.created()
+    pod = resubmitted["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]
+    [term] = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    assert [(e["operator"], e["values"]) for e in term["matchExpressions"]] == [("NotIn", ["ip-10-0-1-1"])]
 
 
 def test_a_pod_whose_lease_is_not_renewed_stops_its_program_and_fails(tmp_path):

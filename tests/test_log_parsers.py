@@ -293,13 +293,15 @@ def test_public_megatron_lines_keep_every_field_under_its_name():
               for source, lines in public_megatron_logs().items()}
     assert points["gpt3/README.md"][25]["srun_task"] == 1  # "1:  iteration 25/73242187 ..." (srun --label)
     assert "loss" not in points["gpt3/README.md"][1] and points["gpt3/README.md"][1]["skipped_iterations"] == 1
-    assert points["jobs/gpt3-launch-job.md"][64]["throughput"] == 140.022  # the Neuron fork's trailing field
+    # the Neuron fork's trailing field: 1024 sequences / 7.3131 s
+    assert points["jobs/gpt3-launch-job.md"][64]["throughput_seq_s"] == 140.022
     assert points["issues/756"][71]["load_balancing_loss"] == 1.013377 and points["issues/756"][71]["num_zeros"] == 0.0
     ling = points["docs/gpu_based_training.md"][1]
     assert (ling["z_loss"], ling["mtp_1_loss"], ling["tflops_per_device"]) == (10.91659, 2.828435, 18.0)
     deepspeed = points["microsoft/llama-note.md"][1]
-    assert {k: deepspeed[k] for k in ("consumed_tokens", "actual_seqlen", "samples_per_second", "tflops")} == {
-        "consumed_tokens": 65536, "actual_seqlen": 2048, "samples_per_second": 7.582, "tflops": 16.98}
+    keys = ("consumed_tokens", "actual_seqlen", "samples_per_second", "tflops_per_device")  # DeepSpeed's TFLOPs: per GPU
+    assert {k: deepspeed[k] for k in keys} == {
+        "consumed_tokens": 65536, "actual_seqlen": 2048, "samples_per_second": 7.582, "tflops_per_device": 16.98}
     drawn = points["microsoft/llama-note.md"][2500]  # "... on 320-sample draw from test set"
     assert (drawn["test_loss"], drawn["test_samples_drawn"], drawn["val_samples_drawn"]) == (14.95915, 320, 320)
     old = points["gpt2/model_train.md"]  # iterations to 1000, validation at 1000 and 2000, then the end of training
@@ -376,6 +378,42 @@ def test_published_bars_keep_every_value_they_print():
     assert printer == {"step": 20, "pid": 4112, "epoch": 1, "epoch_step": 0, "max_steps": 999, "lr": 2.999e-6,
                        "global_batch_size": 512, "global_step": 19, "loss": 11.03, "step_time_s": 46.86,
                        "consumed_samples": 10240}
+
+
+def test_published_sanity_check_and_validation_bars_checkpoints_and_early_stopping_keep_their_values():
+    """Lightning's other bars (BioNeMo's sanity check under srun's label, with and without a total;
+    its validation bar; NeMo's validation counter drawn over the training bar, its head lost), the
+    checkpoint callback's line on the step it names, and early stopping on the last step."""
+    def stream(block: int):
+        return parse_log("\n".join(blocks("lightning-bars-public.txt")[block][1]))
+
+    # srun's " 0: " label comes before a carriage return here: like a training bar's, the bars
+    # drawn after it carry none (the log is read in pieces that end at carriage returns)
+    sanity = stream(13).loop_bars
+    assert sanity[0] == {"loop": "sanity_check", "after_step": 0, "progress_count": 0, "elapsed_s": 0.0}
+    assert sanity[3] == {"loop": "sanity_check", "after_step": 0, "dataloader": 0, "progress_pct": 50,
+                         "progress_count": 1, "progress_total": 2, "elapsed_s": 2.0, "remaining_s": 2.0, "s_per_it": 2.66}
+    assert [(b["progress_count"], b.get("progress_total"), "dataloader" in b) for b in sanity] == [
+        (0, None, False), (0, 2, False), (0, 2, True), (1, 2, True), (2, 2, True)]
+    esm = stream(15)
+    [validation] = esm.loop_bars
+    # the block starts with it: no training step was read before it
+    assert validation == {"loop": "validation", "after_step": 0, "dataloader": 0, "progress_pct": 100,
+                          "progress_count": 50, "progress_total": 50, "elapsed_s": 39.0, "remaining_s": 0.0,
+                          "it_per_s": 1.27}
+    saved = esm.points[100]
+    assert {k: saved[k] for k in saved if k.startswith("checkpoint_")} == {
+        "checkpoint_monitor": "val_loss", "checkpoint_score": 2.84952, "checkpoint_best_score": 2.84952,
+        "checkpoint_path": "/fsx/esm1nv-train/esm1nv_pretraining/esm1nv_batch256_gradacc1_nodes4-small/results/"
+                           "checkpoints/megatron_bert--val_loss=2.85-step=100-consumed_samples=819200.0.ckpt",
+        "checkpoint_top_k": 10}
+    [glued] = stream(7).loop_bars  # "...val_loss=2.800]dation DataLoader 0: : 51it [00:20,  2.53it/s]"
+    assert glued == {"loop": "validation", "after_step": 2000, "dataloader": 0, "progress_count": 51,
+                     "elapsed_s": 20.0, "it_per_s": 2.53}
+    stopped = stream(11).points[6024]
+    assert {k: stopped[k] for k in stopped if k.startswith("early_stop_")} == {
+        "early_stop_monitor": "val_loss", "early_stop_records_without_improvement": 5, "early_stop_best_score": 0.074,
+        "early_stop_rank": 1}
 
 
 def test_a_rounded_global_step_takes_its_step_from_the_bars_counter():

@@ -97,3 +97,30 @@ def test_published_output_keeps_logger_pid_time_progress_and_compile_times():
     assert logs[1].logger is None  # NEURON_CACHE lines only: the tool's own logger never spoke
     cut = logs[9]  # progress dots glued before the timestamps
     assert (cut.logger, cut.pid, cut.progress["remaining"], cut.progress["total"]) == ("PARALLEL_COMPILE", 715601, 4, 55)
+
+
+def test_published_output_keeps_what_every_other_line_names():
+    """The cache path (the tool's, the cc wrapper's, under mpirun's prefix), the work directory,
+    the graphs extracted, the neffs taken from the cache, each worker's task count, each
+    sub-process's exception, and each graph's retries in the results JSON."""
+    logs = [parse_npc_log("\n".join(lines)) for _, lines in blocks("neuron-parallel-compile-public.txt")]
+    cache = "/var/tmp/neuron-compile-cache"
+    assert [s.cache_path for s in logs] == [cache, cache, *[None] * 6, cache, *[None] * 4, cache, None, None,
+                                            "/tmp/tmpjacdmeb0", cache, None]
+    assert logs[0].extracted_graphs == [
+        f"{cache}/neuronxcc-2.0.0.22266a0+a69f71e55/MODULE_9219523464496887986+abb26765/model.hlo.pb"]
+    assert [i for i, s in enumerate(logs) if s.extracted_graphs] == [0]
+    assert logs[8].workdir == "/tmp/parallel_compile_workdir" and [i for i, s in enumerate(logs) if s.workdir] == [8]
+    assert logs[7].worker_tasks == {6: 1} and [i for i, s in enumerate(logs) if s.worker_tasks] == [7]
+    assert logs[15].subprocess_exceptions == {1: "None"}
+    assert [i for i, s in enumerate(logs) if s.subprocess_exceptions] == [15]
+    assert [s.cached_neffs for s in logs[12:]] == [
+        [f"{cache}/neuronxcc-2.8.0.25+a3ad0f342/MODULE_15770068861141756492+abb26765/model.neff"], [],
+        [f"{cache}/neuronxcc-2.8.0.25+a3ad0f342/MODULE_198775565831884870+d41d8cd9/model.neff"], [], [], [],
+        ["/tmp/tmpd29vse1h/neuron-compile-cache/neuronxcc-2.7.0.40+f7c6cf2a3/MODULE_12206097846517805328+d41d8cd9/"
+         "model.neff"]]
+    assert not any(s.cached_neffs for s in logs[:12])
+    retries = {i: s.graph_retries for i, s in enumerate(logs) if s.graph_retries}
+    assert sorted(retries) == [2, 7, 10] and {len(r) for r in retries.values()} == {2, 4}
+    assert all(set(r.values()) == {0} for r in retries.values())
+    assert retries[7] == dict.fromkeys(logs[7].graph_seconds, 0)  # the graphs compile_time was given for

@@ -414,6 +414,54 @@ def test_only_the_node_slurm_holds_failed_is_excluded_from_the_next_attempt(thre
         slurm("scontrol", "update", "nodename=node2", "state=resume")
 
 
+def test_preflight_publishes_its_table_and_skips_the_probe_while_its_pass_is_recent(three_nodes, tmp_path):
+    """A two-node Neuron run on the three-node cluster, its tools on the setup lines' PATH: the
+    partition check and the probe job pass, and the table artifact says what was found where.
+    The next run of the same spec on the same block submits no probe: it says when and on which
+    node the spec passed, in a markdown artifact of the same key."""
+    from prefect import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId
+
+    from tasks.artifacts import artifact_key
+    from tasks.preflight import preflight
+    from test_fail_fast import neuron_stand_ins
+
+    tools, examples = neuron_stand_ins(tmp_path, "neuron-ls", "neuron_parallel_compile")
+    SlurmCluster(executor="slurm", setup=[f"export PATH={tools}:$PATH"]).save("preflight-nodes", overwrite=True)
+    spec = load_spec("megatron-gpt-6.7b", [f"paths.root={tmp_path}", "cluster.block=preflight-nodes",
+                                           "cluster.nodes=2", "cluster.time_limit_min=5",
+                                           f"backend.neuron.examples_dir={examples}"])
+
+    @flow
+    def check():
+        return preflight(spec, ["precompile", "train"])
+
+    def artifact(state):
+        with get_client(sync_client=True) as client:
+            [found] = client.read_artifacts(artifact_filter=ArtifactFilter(
+                flow_run_id=ArtifactFilterFlowRunId(any_=[state.state_details.flow_run_id])))
+        return found
+
+    first = check(return_state=True)
+    probed = first.result()
+    assert probed["probed"] and probed["node"] in NODES and probed["job"]
+    table = artifact(first)
+    assert (table.key, table.type) == (artifact_key(spec.name, "preflight"), "table")
+    rows = {row["check"]: row for row in json.loads(table.data)}
+    assert rows["partition debug: nodes"]["ok"] and rows["partition debug: nodes"]["found"].startswith("3 node(s)")
+    assert rows["neuron-ls"]["ok"] and "trn1.32xlarge" in rows["neuron-ls"]["found"]
+    assert rows["neuron_parallel_compile"]["ok"] and rows["NxDT examples"]["ok"]
+    assert f"probed on {probed['node']}" in table.description
+
+    second = check(return_state=True)
+    skipped = second.result()
+    assert (skipped["probed"], skipped["why"], skipped["job"], skipped["node"]) == (
+        False, "passed recently", probed["job"], probed["node"])
+    note = artifact(second)
+    assert (note.key, note.type) == (table.key, "markdown")
+    assert f"on node {probed['node']} (job {probed['job']}); not probed again" in note.data
+
+
 def test_up_after_a_crash_recovers_and_down_leaves_nothing(three_nodes):
     """Every Slurm daemon SIGKILLed, the namespaces left behind: `up` removes them, builds the
     network anew and the three nodes run a job; `down` then leaves no namespace, link or daemon."""

@@ -3,6 +3,7 @@ publishes the same as artifacts, submitting nothing."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
@@ -51,6 +52,30 @@ def test_render_writes_config_conversion_and_sbatch(tmp_path):
         script = (out / f"sbatch_{stage}.sh").read_text()
         assert f"#SBATCH --nodes={nodes}\n" in script and "#SBATCH --time=4320" in script, stage
     assert not (tmp_path / "jobs").exists() or not any((tmp_path / "jobs").iterdir())
+
+
+def test_render_lists_the_hub_downloads_of_llama3_70b(tmp_path, capsys):
+    """`pretrain render llama3-70b`: the tokenizer's files without the 140 GB of weights and one
+    config.json from meta-llama's gated repository, and wikicorpus read with datasets, each at
+    the revision the fetch stage resolves to its commit; the token named by its block, never shown."""
+    from cli.main import main
+
+    out = tmp_path / "rendered"
+    assert main(["render", "llama3-70b", "--set", f"paths.root={tmp_path}", "--out", str(out)]) == 0
+    assert f"{out}/hub_downloads.txt" in capsys.readouterr().out.splitlines()
+    header, access, *lines = (out / "hub_downloads.txt").read_text().splitlines()
+    assert header.startswith("# Hugging Face Hub downloads of the fetch stage (huggingface_hub.snapshot_download")
+    assert access == "# access: the token of Secret block 'huggingface-token', read on the control plane only"
+    assert lines == [
+        "tokenizer.path: model meta-llama/Meta-Llama-3-70B @ main, files tokenizer.json, tokenizer_config.json, "
+        "special_tokens_map.json, tokenizer.model -> <hub-output:tokenizer.path>",
+        "backend.neuron.hf_config: model meta-llama/Meta-Llama-3-70B @ main, files config.json -> "
+        "<hub-output:backend.neuron.hf_config>/config.json",
+        "data.sources[0]: dataset wikicorpus @ main, files all, read with datasets (config raw_en, split train) "
+        "and written as JSONL shards -> <fetch-output>"]
+    # the stages after fetch read what fetch downloaded, never the URI
+    config = yaml.safe_load((out / "nxdt_config.yaml").read_text())
+    assert "hf://" not in json.dumps(config) and "hf://" not in (out / "tokenize.sh").read_text()
 
 
 def test_flow_dry_run_publishes_rendered_files_and_submits_nothing(tmp_path):
