@@ -179,7 +179,8 @@ def test_integers_are_numbers_and_lists_are_tuples(tmp_path):
     assert load(tmp_path, "model", num_kv_heads=None, rope_scaling={"factor": 8}).model.kv_heads == 4
 
 
-@pytest.mark.parametrize("program", ["trainer.tokenize", "trainer.convert", "trainer.train.main"])
+# trainer.train.main imports its training code (trainer.train.loop) once the config has passed
+@pytest.mark.parametrize("program", ["trainer.tokenize", "trainer.convert", "trainer.train.loop"])
 def test_node_programs_import_neither_prefect_nor_pydantic(program):
     """What a node needs to run them: no Prefect (they run the same by hand as under the
     pipeline), and no pydantic either (the GPU benchmark's instructions add only three wheels to

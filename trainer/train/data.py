@@ -23,73 +23,17 @@ from __future__ import annotations
 
 import copy
 import importlib.util
-import math
-import os
-import re
 import sys
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
 
 import numpy as np
 import torch
 from torch.utils.data import Dataset
 
 from trainer.indexed_dataset import IndexReader
+from trainer.train.config import DataConfig, split_weights
 
-FORMATS = ("megatron", "nxd-arrow")
 HF_IGNORE_INDEX = -100
-SPLIT_PART = re.compile(r"\s*(\d+\.?\d*|\.\d+)\s*")
-
-
-@dataclass(kw_only=True)
-class DataConfig:
-    paths: list[str]
-    """Megatron dataset prefixes (``.../data_text_document``, without ``.bin``/``.idx``), or one
-    NxD Arrow dataset directory."""
-    weights: list[float] | None = None
-    """Blend weights, one per path; None blends several paths equally."""
-    split: str = "969,30,1"
-    """Train, validation, test weights, Megatron style; the test part is held out, never read."""
-    format: Literal["megatron", "nxd-arrow"] = "megatron"
-    cache_dir: str | None = None
-    """Where GPTDataset's index cache goes; None: Megatron's default, ``PREFIX/cache/``."""
-
-    def __post_init__(self) -> None:
-        if self.format not in FORMATS:
-            raise ValueError(f"data.format={self.format!r}: use one of {', '.join(FORMATS)}")
-        if not self.paths:
-            raise ValueError("data.paths is empty: give at least one dataset prefix or directory")
-        self.paths = [os.fspath(p) for p in self.paths]
-        if self.format == "megatron":
-            for path in self.paths:
-                if path.endswith((".bin", ".idx")):
-                    raise ValueError(f"data.paths: {path!r} names a file; give the prefix without .bin/.idx")
-        elif len(self.paths) > 1:
-            raise ValueError(f"data.paths: format nxd-arrow reads one dataset directory (NxDT's train_dir), "
-                             f"got {len(self.paths)}; blend Megatron-format datasets instead")
-        if self.weights is not None:
-            if len(self.weights) != len(self.paths):
-                raise ValueError(f"data.weights has {len(self.weights)} values for {len(self.paths)} paths: "
-                                 f"give one weight per path, or none for an equal blend")
-            if not all(math.isfinite(w) and w > 0 for w in self.weights):
-                raise ValueError(f"data.weights={self.weights}: every weight must be a positive number "
-                                 f"(leave a dataset out rather than giving it weight 0)")
-        split_weights(self.split)  # a bad split fails here, not at build time
-
-
-def split_weights(split: str) -> tuple[float, float, float]:
-    """``"969,30,1"`` as (train, valid, test) fractions; missing parts are 0, as in Megatron."""
-    # plain decimals only: Megatron re-reads the string with the regex [.0-9]+
-    parts = split.split(",")
-    well_formed = 1 <= len(parts) <= 3 and all(SPLIT_PART.fullmatch(part) for part in parts)
-    if not well_formed or float(parts[0]) <= 0:
-        raise ValueError(f"data.split={split!r}: give up to three non-negative comma-separated weights "
-                         f"train,valid,test with a positive train weight, e.g. '969,30,1'")
-    values = [float(part) for part in parts]
-    values += [0.0] * (3 - len(values))
-    total = sum(values)
-    return values[0] / total, values[1] / total, values[2] / total
 
 
 def build_datasets(cfg: DataConfig, *, seq_length: int, seed: int, train_samples: int, valid_samples: int,

@@ -17,10 +17,7 @@ import sys
 from typing import NoReturn
 
 from trainer import records
-from trainer.train import device as devices
-from trainer.train.checkpoint import CheckpointError
 from trainer.train.config import TrainConfig
-from trainer.train.loop import EXIT_STOPPED, NonFiniteLoss, Trainer
 
 EXIT_BAD_INPUT = 2
 
@@ -52,6 +49,15 @@ def run(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     try:
         cfg = TrainConfig.from_file(args.config)
+    except (ValueError, FileNotFoundError) as exc:
+        return failed(exc, args.record, EXIT_BAD_INPUT)
+    # A config that cannot run has failed by now, before torch and the model code are imported:
+    # seconds of every rank's start here, a minute on a cluster's shared file system.
+    from trainer.train import device as devices
+    from trainer.train.checkpoint import CheckpointError
+    from trainer.train.loop import EXIT_STOPPED, NonFiniteLoss, Trainer
+
+    try:
         trainer = Trainer(cfg)  # resolves the device, reads the data and init_from, resumes from a checkpoint
     except (ValueError, FileNotFoundError, devices.DeviceUnavailable) as exc:  # the config, or what it names
         return failed(exc, args.record, EXIT_BAD_INPUT)
