@@ -21,10 +21,15 @@ export MERMAID_NODE_MODULES ?= $(CURDIR)/$(NODE_DIR)/node_modules
 # 2 min 20 s on the 2-core machine. uv does not read pip's configuration, so the package sources
 # this machine gives pip (find-links, extra indexes, constraints) are handed to uv as they are,
 # and every index is weighed alike, as pip weighs them (uv's default takes the first index that
-# has a package). uv writes no bytecode unless asked (pip compiles at install); with
-# PYTHONDONTWRITEBYTECODE set, as on this machine, every process would then compile torch,
-# transformers and Prefect afresh: 13 CPU-seconds to import them instead of 6.5
-# (docs/benchmarks.md), in each of the suite's hundreds of job and trainer processes.
+# has a package).
+#
+# Bytecode is written as each module is first imported, Python's default, which this machine
+# turns off (PYTHONDONTWRITEBYTECODE=1): without .pyc files every process would compile torch,
+# transformers and Prefect afresh, 13 CPU-seconds to import them instead of 6.5, in each of the
+# suite's hundreds of job and trainer processes. Compiling all of site-packages at install
+# instead took 132 CPU-seconds for 25,000 files, of which the suite imports 9,000
+# (docs/benchmarks.md).
+export PYTHONDONTWRITEBYTECODE :=
 UV_VERSION := 0.13.9
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -32,7 +37,7 @@ $(STAMP): pyproject.toml
 	pip_conf() { $(VENV)/bin/pip config get "global.$$1" 2>/dev/null || true; }; \
 	  UV_FIND_LINKS="$$(pip_conf find-links)" UV_EXTRA_INDEX_URL="$$(pip_conf extra-index-url)" \
 	  UV_CONSTRAINT="$$(pip_conf constraint)" UV_INDEX_STRATEGY=unsafe-best-match \
-	  $(VENV)/bin/uv pip install --quiet --compile-bytecode --python $(VENV)/bin/python -e '.[test]'
+	  $(VENV)/bin/uv pip install --quiet --python $(VENV)/bin/python -e '.[test]'
 	touch $@
 
 setup: $(STAMP)
@@ -65,7 +70,12 @@ demo: setup
 # the others' computing. Whole modules per worker, slowest first (their module fixtures are set
 # up once). No test needs the machine to itself: one that judges time against the CPUs holds its
 # processes to a CPU share or quota of their own (tests/slurm_faults.py).
+#
+# Before the workers start, two processes import what every worker, test server and job imports
+# (the test modules, and Prefect's server), writing its bytecode once instead of in three workers
+# and three servers at the same time.
 test: stack-up node-deps
+	$(VENV)/bin/python -c "import prefect.server.api.server" & $(VENV)/bin/python -m pytest --collect-only -q >/dev/null; wait
 	$(VENV)/bin/python -m pytest -n 3 --dist loadfile --no-loadscope-reorder
 
 # The edit-test loop: the pure tests (pytest.mark.pure), with no stack and no Prefect server, on
