@@ -4,9 +4,11 @@ executor's refusals, pending reasons Slurm never satisfies, and the retry condit
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -293,3 +295,33 @@ def test_the_megatron_probe_checks_the_checkout_only_where_no_image_stage_builds
     args = node_probe.parse_args(argv[argv.index("preflight") + 1:])
     assert args.megatron_path == "/workspace/Megatron-LM"
     assert [c["check"] for c in node_probe.megatron_checks(args)] == ["nvidia-smi", "Megatron-LM"]
+
+
+@pytest.mark.pure
+def test_the_native_probe_checks_torch_and_the_device_it_is_asked_for(tmp_path):
+    """``python -m trainer preflight --backend native`` as the probe job runs it: for the CPU this
+    machine has, and for CUDA hidden from it (CUDA_VISIBLE_DEVICES empty, as a job without GPUs
+    sees it, so the answer is the same on a GPU machine)."""
+    def probe_node(device: str) -> tuple[int, dict, dict]:
+        record = tmp_path / f"{device}.json"
+        env = {**os.environ, "SLURMD_NODENAME": "probe-node", "CUDA_VISIBLE_DEVICES": ""}
+        out = subprocess.run([sys.executable, "-m", "trainer", "preflight", "--backend", "native", "--devices", "2",
+                              "--device", device, "--record", str(record)], env=env, capture_output=True, text=True,
+                             timeout=300)
+        printed = json.loads(out.stdout.strip().splitlines()[-1])
+        return out.returncode, printed, json.loads(record.read_text())
+
+    code, printed, written = probe_node("cpu")
+    assert code == 0 and printed == written
+    assert (printed["node"], printed["backend"], printed["ok"]) == ("probe-node", "native", True)
+    torch_check, device_check = printed["checks"]
+    assert torch_check["check"] == "torch" and torch_check["ok"] and sys.executable in torch_check["found"]
+    assert device_check == {"check": "device cpu", "ok": True, "found": "cpu: 2 device(s)", "fix": ""}
+
+    code, printed, _ = probe_node("cuda")
+    assert code == 1 and not printed["ok"]
+    torch_check, device_check = printed["checks"]
+    assert torch_check["ok"] and (device_check["check"], device_check["ok"]) == ("device cuda", False)
+    assert "device='cuda' is not available on this node" in device_check["found"]
+    assert device_check["fix"] == "set backend.native.device, or use a partition whose nodes have it"
+
