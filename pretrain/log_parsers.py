@@ -4,8 +4,9 @@
   (``reduced_train_loss=13.40, lr=7.5e-9, global_step=1.000, ...``), global_step counting from 0;
   counts tqdm rounded (``global_step=3.1e+4``) kept as printed and flagged (``step_rounded``,
   ``consumed_samples_rounded``). NeMo 2.0's printer (``iteration 0/999 | global_step: 19 | ...``).
-  Lightning's sanity-check and validation bars (``MetricsStream.loop_bars``), and its checkpoint
-  and early-stopping callbacks' lines, on their steps.
+  Lightning's sanity-check and validation bars and its training bars before the first log
+  (``MetricsStream.loop_bars``); its checkpoint and early-stopping callbacks' lines, the limit that
+  stopped its fit loop and NeMo's removal of a checkpoint, on their steps.
 - torchtitan: its step line (``[titan] <time> - root - INFO - step: 200  loss: 6.1384 ...``),
   with or without ANSI colours and torchrun's ``[rank0]:`` prefix.
 - NxD Llama examples: ``step 1 step_time 244.76s throughput 3.93 seq/s loss 13.41 grad norm 1.97``.
@@ -68,9 +69,10 @@ MEGATRON_KEYS = {"lm loss": "loss", "learning rate": "lr", "decoupled learning r
 # Lightning's TQDM bar: "Epoch 0:   3%|▎    | 3/91 [16:05<7:52:06, 321.89s/it, <postfix>]", the
 # rate "321.89s/it" or "0.02it/s" ("?it/s" before the first update); NeMo 1.x's MegatronProgressBar
 # prints "Epoch 0: :" and no rate (its bar_format "{desc}: {percentage:3.0f}%|{bar}| {n_fmt}/{total_fmt}
-# [{elapsed}<{remaining}{postfix}]").
+# [{elapsed}<{remaining}{postfix}]"). Its head counts only whole, up to the "," or "]" after it: a
+# clock cut mid-number ("[16:05<7:") is no time.
 _BAR = re.compile(r"Epoch (\d+):(?: :)?\s+(\d+)%\|[^|]*\| (\d+)/(\d+) \[([\d:]+)<([\d:]+|\?)"
-                  r"(?:, +(?:([\d.]+)(s/it|it/s)|\?it/s))?")
+                  r"(?:, +(?:([\d.]+)(s/it|it/s)|\?it/s))?(?=[,\]])")
 # A postfix pair counts only when "," or "]" ends it: a bar torn mid-value (the process died) must
 # not report "consumed_samples=20" for 2048.0. Keys may hold spaces ("train_step_timing in s").
 _BAR_PAIR = re.compile(r", ([^=,\]]+)=([^,\]]*)(?=[,\]])")
@@ -90,8 +92,11 @@ _MEGATRON_EVAL = re.compile(r"validation(?:-(\d+))? loss at (?:iteration\s+(\d+)
 # " 1: " among ten or more tasks) and torchrun --tee's "[default7]:" (role and local rank).
 _SRUN_LABEL = re.compile(r"^\s*(\d+):\s")
 _TORCHRUN_TEE = re.compile(r"\[[A-Za-z_]\w*?(\d+)\]:")
-# Ray's prefix on a worker's output, as NeMo-Run's Kubernetes runs print it: "(pretraining, pid=4112) ".
-_RAY_PID = re.compile(r"\((?:[^(),]+, )?pid=(\d+)(?:, ip=[\d.]+)?\) ")
+# SkyPilot's prefix on a job's output (NeMo-Run's SkypilotExecutor runs through it; its forms as
+# skypilot-org/skypilot sky/skylet/executor/slurm.py builds its coloured ``prefix``): the task's
+# name on one node ("(pretraining, pid=4112) "), the node's name, rank and address on several
+# ("(worker1, rank=1, pid=15406, ip=10.164.0.57) "), "(setup pid=8665) " for the setup script.
+_SKY_PREFIX = re.compile(r"\((?:([^(),=\s]+),? )?(?:rank=(\d+), )?pid=(\d+)(?:, ip=([\d.]+))?\)(?:\x1b\[[0-9;]*m)? ")
 # torchtitan's step line (``log`` in pytorch/torchtitan torchtitan/components/metrics.py), coloured
 # with ANSI codes: "[titan] 2025-06-16 22:30:50,322 - root - INFO - step: 200  loss:  6.1384
 # grad_norm: 0.83  memory: 49.66GiB(52.28%)  tps: 5,856  tflops: 339.16  mfu: 34.29%"; grad_norm
@@ -104,10 +109,11 @@ _TITAN_FIELD = re.compile(r"(\w+):\s*([-\d,.]+|nan|inf)(?:GiB\(([\d.]+)%\)|%)?(?
 TITAN_KEYS = {"loss": "loss", "grad_norm": "grad_norm", "memory": "memory_gib", "tps": "tokens_per_s_per_device",
               "tflops": "tflops_per_device", "mfu": "mfu_pct"}
 # Lightning's other loops' bars, drawn between training updates: the sanity check before
-# training and validation, with a total ("Validation DataLoader 0: 100%|...| 50/50 [00:39<00:00,
-# 1.27it/s]") or as a counter ("Sanity Checking: 0it [00:00, ?it/s]"). A bar drawn over another
+# training, validation, and the training bar before its first epoch ("Training: 0it"), with a
+# total ("Validation DataLoader 0: 100%|...| 50/50 [00:39<00:00, 1.27it/s]") or as a counter
+# ("Sanity Checking: 0it [00:00, ?it/s]"). A bar drawn over another
 # loses the head of its description ("dation DataLoader 0: : 51it [00:20,  2.53it/s]").
-_LOOP_BAR = re.compile(r"(Sanity Checking|(?:Vali)?dation)(?: DataLoader (\d+))?:(?: :)?\s+"
+_LOOP_BAR = re.compile(r"(Sanity Checking|(?:Vali)?dation|Training)(?: DataLoader (\d+))?:(?: :)?\s+"
                        r"(?:(\d+)%\|[^|]*\| (\d+)/(\d+) \[([\d:]+)<([\d:]+|\?)|(\d+)it \[([\d:]+)),"
                        r" +(?:([\d.]+)(s/it|it/s)|\?it/s)\]")
 # Lightning's callbacks (``ModelCheckpoint._update_best_and_save`` and ``EarlyStopping``'s
@@ -117,6 +123,14 @@ _CHECKPOINT = re.compile(r"Epoch (\d+), global step (\d+): '([^']+)' reached ([-
                          r"saving model to '([^']+)' as top (\d+)")
 _EARLY_STOP = re.compile(r"(?:\[rank: (\d+)\] )?Monitored metric (\S+) did not improve in the last (\d+) records\. "
                          r"Best score: ([-+\w.]+)\. Signaling Trainer to stop\.")
+# NeMo's log record head ("[NeMo I 2024-06-17 08:36:41 nlp_overrides:480] ": level initial, the
+# node's local time, module and line) before ``NLPDDPStrategy.remove_checkpoint``'s line in
+# NVIDIA/NeMo nemo/collections/nlp/parts/nlp_overrides.py: a checkpoint that fell out of the top k,
+# or the previous "-last" one, deleted once a new one is saved.
+_REMOVED = re.compile(r"\[NeMo (\w) (\d{4}-\d\d-\d\d \d\d:\d\d:\d\d) (\w+):(\d+)\] Removing checkpoint: (\S+)")
+# Lightning's fit loop ending on a limit ("`Trainer.fit` stopped: `max_steps=100` reached.", also
+# max_epochs; ``_FitLoop.done`` in src/lightning/pytorch/loops/fit_loop.py).
+_FIT_STOPPED = re.compile(r"`Trainer\.fit` stopped: `(\w+)=([^`]+)` reached\.")
 _NXD_LINE = re.compile(r"\bstep (\d+) step_time ([\d.]+)s throughput ([\d.]+) seq/s loss ([\d.eE+-]+)"
                        r"(?: grad norm ([\d.eE+-]+))?")
 
@@ -127,7 +141,8 @@ class MetricsStream:
     points: dict[int, dict[str, float | str]] = field(default_factory=dict)
     skipped: int = 0
     events: int = 0  # the native trainer's event lines (checkpoint saved, export, ...): signs of life
-    # Lightning's sanity-check and validation bars, in the order drawn, each with the step it ran at.
+    # Lightning's sanity-check and validation bars, and its training bars that carry no metrics yet,
+    # in the order drawn, each with the step it ran at.
     loop_bars: list[dict[str, float | str]] = field(default_factory=list)
 
     def add(self, step: int, metrics: dict[str, float | str]) -> None:
@@ -223,19 +238,27 @@ def _lightning_bar(line: str, stream: MetricsStream) -> bool:
         end = bars[i + 1].start() if i + 1 < len(bars) else len(line)
         postfix, closed, _ = line[bar.end():end].partition("]")
         pairs = dict(_BAR_PAIR.findall(postfix + closed))
+        labels = _launcher_labels(line[:bars[0].start()])
         if "global_step" not in pairs and "reduced_train_loss" not in pairs:
-            continue  # a bar without training metrics (Lightning's own, before the first log)
+            if closed:  # Lightning's own bar before the first log: no step to put it on (a torn one: no news)
+                stream.loop_bars.append({"loop": "training", "after_step": max(stream.points, default=0),
+                                         **_bar_fields(bar), **labels, **_postfix(pairs)})
+            continue
         found = True
-        _bar_update(pairs, {**_bar_fields(bar), **_launcher_labels(line[:bars[0].start()])}, stream)
+        _bar_update(pairs, {**_bar_fields(bar), **labels}, stream)
     return found
+
+
+def _postfix(pairs: dict[str, str]) -> dict[str, float | str]:
+    """A bar's postfix pairs under the stream's names, numbers where they are; v_num, the
+    logger's version, is a label ("8-06", "1778", or empty), never a quantity."""
+    return {LIGHTNING_KEYS.get(key, key): value if key == "v_num" else _value(value) for key, value in pairs.items()}
 
 
 def _bar_update(pairs: dict[str, str], fields: dict[str, float | str], stream: MetricsStream) -> None:
     """One update: every postfix key, the known ones under the stream's names, the others as printed."""
     try:
-        # v_num is the logger's version, a label ("8-06", "1778", or empty), never a quantity.
-        metrics = {LIGHTNING_KEYS.get(key, key): value if key == "v_num" else _value(value)
-                   for key, value in pairs.items()}
+        metrics = _postfix(pairs)
         if any(isinstance(metrics[name], str) for key, name in LIGHTNING_KEYS.items() if key in pairs):
             raise ValueError("a known metric that is not a number")
         placed = _bar_step(pairs["global_step"], int(fields["progress_count"]), stream)
@@ -254,14 +277,16 @@ def _bar_update(pairs: dict[str, str], fields: dict[str, float | str], stream: M
 
 
 def _loop_bars(line: str, stream: MetricsStream) -> None:
-    """Every sanity-check or validation bar drawn on ``line``: the loop, its dataloader, the bar's
-    counts, times and rate, the launcher's label, and ``after_step``: the newest training step once
-    the training bars of its line are read (0 before the first), the step the loop ran at."""
+    """Every sanity-check, validation or early training bar drawn on ``line``: the loop, its
+    dataloader, the bar's counts, times and rate, the launcher's label, and ``after_step``: the
+    newest training step once the training bars of its line are read (0 before the first), the
+    step the loop ran at."""
     bars = list(_LOOP_BAR.finditer(line))
     labels = _launcher_labels(line[:bars[0].start()]) if bars else {}
     for bar in bars:
         loop, loader, pct, count, total, elapsed, remaining, counter, counter_elapsed, rate, unit = bar.groups()
-        fields: dict[str, float | str] = {"loop": "sanity_check" if loop == "Sanity Checking" else "validation",
+        fields: dict[str, float | str] = {"loop": {"Sanity Checking": "sanity_check", "Training": "training"}.get(
+                                              loop, "validation"),
                                           "after_step": max(stream.points, default=0), **labels}
         if loader is not None:
             fields["dataloader"] = int(loader)
@@ -279,31 +304,52 @@ def _loop_bars(line: str, stream: MetricsStream) -> None:
 
 def _callbacks(line: str, stream: MetricsStream) -> None:
     """A checkpoint saved as one of the best (on the step it names: Lightning's global step once
-    the step is done, as this stream counts), and early stopping (on the last step logged)."""
+    the step is done, as this stream counts); on the last step logged: early stopping, a
+    checkpoint NeMo removed, and the limit that ended Lightning's fit loop. Each with the
+    launcher's label of its line."""
     if saved := _CHECKPOINT.search(line):
         epoch, step, monitor, score, best, path, top_k = saved.groups()
         stream.add(int(step), {"epoch": int(epoch), "checkpoint_monitor": monitor, "checkpoint_score": float(score),
                                "checkpoint_best_score": float(best), "checkpoint_path": path,
-                               "checkpoint_top_k": int(top_k)})
-    if (stop := _EARLY_STOP.search(line)) and stream.points:
+                               "checkpoint_top_k": int(top_k), **_launcher_labels(line[:saved.start()])})
+    if not stream.points:
+        return
+    if stop := _EARLY_STOP.search(line):
         rank, monitor, records, best = stop.groups()
         fields: dict[str, float | str] = {"early_stop_monitor": monitor, "early_stop_records_without_improvement":
-                                          int(records), "early_stop_best_score": float(best)}
+                                          int(records), "early_stop_best_score": float(best),
+                                          **_launcher_labels(line[:stop.start()])}
         if rank is not None:
             fields["early_stop_rank"] = int(rank)
         stream.add(max(stream.points), fields)
+    if removed := _REMOVED.search(line):
+        level, stamp, module, lineno, path = removed.groups()
+        # the node's naive local time, read in this process's zone as Megatron-LM's is
+        stream.add(max(stream.points), {"checkpoint_removed_path": path,
+                                        "checkpoint_removed_time": datetime.fromisoformat(stamp).timestamp(),
+                                        "checkpoint_removed_log_level": level,
+                                        "checkpoint_removed_log_source": f"{module}:{lineno}",
+                                        **_launcher_labels(line[:removed.start()])})
+    if fit := _FIT_STOPPED.search(line):
+        limit, value = fit.groups()
+        stream.add(max(stream.points), {"fit_stopped_limit": limit, "fit_stopped_limit_value": _value(value),
+                                        **_launcher_labels(line[:fit.start()])})
 
 
-def _launcher_labels(head: str) -> dict[str, float]:
-    """The srun task, torchrun local rank or Ray worker pid that labelled a line, from the text
-    before its metrics: which rank printed a value matters when ranks disagree."""
-    labels: dict[str, float] = {}
+def _launcher_labels(head: str) -> dict[str, float | str]:
+    """The srun task, torchrun local rank or SkyPilot's name, node rank, pid and node address that
+    labelled a line, from the text before its metrics: which rank printed a value matters when
+    ranks disagree."""
+    labels: dict[str, float | str] = {}
     if srun := _SRUN_LABEL.match(head):
         labels["srun_task"] = int(srun.group(1))
     if tee := _TORCHRUN_TEE.search(head):
         labels["local_rank"] = int(tee.group(1))
-    if ray := _RAY_PID.search(head):
-        labels["pid"] = int(ray.group(1))
+    if sky := _SKY_PREFIX.search(head):
+        name, rank, pid, ip = sky.groups()
+        labels["pid"] = int(pid)
+        labels |= {key: value for key, value in (("skypilot_name", name), ("node_rank", rank and int(rank)),
+                                                   ("node_ip", ip)) if value is not None}
     return labels
 
 
@@ -461,9 +507,9 @@ def parse_log(text: str, stream: MetricsStream | None = None) -> MetricsStream:
         if line.strip():
             (_native(line, stream) or _megatron(line, stream) or _megatron_eval(line, stream) or _lightning_bar(line, stream)
              or _torchtitan(line, stream) or _nxd_llama(line, stream))
-            if "dation" in line or "Sanity Checking" in line:  # most lines: spare them the expressions
+            if "dation" in line or "Sanity Checking" in line or "Training:" in line:  # spare most lines the expressions
                 _loop_bars(line, stream)
-            if "reached" in line or "Monitored metric" in line:
+            if "reached" in line or "Monitored metric" in line or "Removing checkpoint" in line:
                 _callbacks(line, stream)
     return stream
 

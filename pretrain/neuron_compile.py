@@ -17,7 +17,9 @@ relayed by a logger) or mpirun's ``[1,0]<stdout>:``; the JSON's statuses are ``t
 pid and time of the tool's last record, the last cache progress line's counts, and the JSON's
 start, compilation and per-graph compile times and retries where it has them, and what the other
 lines name: the cache path, the work directory, the graphs extracted, the neffs taken from the
-cache, each worker's task count and each sub-process's exception.
+cache, each worker's task count and each sub-process's exception; every logger line (the
+cache's and the cc wrapper's too) with its time, pid, mpirun rank and message, and each status
+line of the compiler with its mpirun rank.
 """
 
 from __future__ import annotations
@@ -27,16 +29,21 @@ import re
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 
-_OUTER_PREFIX = re.compile(r"^(?:INFO: |\[\d+,\d+\]<std(?:out|err)>:)", re.M)
+# What may come before a line: an outer logger's "INFO: ", or mpirun's "[1,1]<stdout>:" (its job and rank).
+_OUTER = r"(?:INFO: |\[(\d+),(\d+)\]<(std(?:out|err))>:)"
+_OUTER_PREFIX = re.compile("^" + _OUTER, re.M)
 _PROGRESS = re.compile(r"Current remaining items are (\d+), locked are (\d+), failed are (\d+), done are (\d+), "
                        r"total is (\d+)")
 _PROGRESS_FIELDS = ("remaining", "locked", "failed", "done", "total")
-# A record's head: "2025-01-17 01:16:07.000981:  32201  INFO ||NEURON_PARALLEL_COMPILE||: ", the
-# pid column since mid-2023, the timestamp absent where the tool's output was relayed. The
-# fraction is milliseconds zero-padded to six digits (logging's "%(msecs)06d": every published
-# line reads ".000" and three digits). The worker's progress dots may precede it on its line.
-_RECORD = re.compile(r"^\.*(?:(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)\.(\d{6}):\s+)?(?:(\d+)\s+)?INFO "
-                     r"\|\|((?:NEURON_)?PARALLEL_COMPILE)\|\|: ", re.M)
+# A record of the tool's, the cache's or the cc wrapper's logger: "2025-01-17 01:16:07.000981:
+# 32201  INFO ||NEURON_PARALLEL_COMPILE||: <message>", the pid column since mid-2023, the
+# timestamp absent where the output was relayed. The fraction is milliseconds zero-padded to six
+# digits (logging's "%(msecs)06d": every published line reads ".000" and three digits). An outer
+# prefix may come first, and the worker's progress dots before the timestamp.
+_RECORD = re.compile("^" + _OUTER + r"?\.*"
+                     r"(?:(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)\.(\d{6}):\s+)?(?:(\d+)\s+)?([A-Z]+) \|\|(\w+)\|\|: (.*)$",
+                     re.M)
+_TOOL_LOGGERS = ("PARALLEL_COMPILE", "NEURON_PARALLEL_COMPILE")
 _SUCCEEDED = (True, "true", "SUCCESS")
 _TOTAL = re.compile(r"\|\|(?:NEURON_)?PARALLEL_COMPILE\|\|: Total (graphs|successful compilations|failed compilations): (\d+)")
 _NO_TODO = "No todo hlos found in cache or hlo_tasklist"
@@ -49,6 +56,8 @@ _WORKER_DONE = re.compile(r"worker (\d+) finished with num of tasks (\d+)")
 _SUBPROCESS = re.compile(r"sub-process (\d+) got exception: (.*?)\s*$", re.M)
 _CACHED_NEFF = "Using a cached neff at"
 _COMPILED = "Compiler status PASS"
+# neuronx-cc's closing line in a compile worker's output, each with the mpirun prefix it came under.
+_COMPILER_STATUS = re.compile("^" + _OUTER + r"?Compiler status (\w+)", re.M)
 
 
 @dataclass
@@ -85,6 +94,14 @@ class CompileSummary:
     """Compile workers that finished, with the number of graphs each compiled."""
     subprocess_exceptions: dict[int, str] = field(default_factory=dict)
     """What each compile sub-process raised, as printed ("None": it raised nothing)."""
+    compiler_statuses: list[dict] = field(default_factory=list)
+    """Each "Compiler status PASS" neuronx-cc printed: its ``status``, and mpirun's ``mpi_job``,
+    ``mpi_rank`` and ``mpi_stream`` where it prefixed the line."""
+    records: list[dict] = field(default_factory=list)
+    """Every logger line in order (the tool's, NEURON_CACHE's, the cc wrapper's): its ``logger``,
+    ``level``, ``message`` as printed, ``time`` and ``pid`` where printed, mpirun's ``mpi_job``,
+    ``mpi_rank`` and ``mpi_stream`` where it prefixed the line, and a progress line's counts
+    (``remaining``, ``locked``, ``failed``, ``done``, ``total``)."""
 
     def as_row(self, node: str) -> dict:
         return {"node": node, "total": self.total, "succeeded": self.succeeded, "failed": self.failed,
@@ -121,26 +138,51 @@ def _json_record(text: str) -> dict | None:
     return None
 
 
-def _record_head(text: str) -> dict:
+def _records(text: str) -> list[dict]:
+    """Each logger line of ``text`` (outer prefixes not yet removed) with what its head prints."""
+    records = []
+    for match in _RECORD.finditer(text):
+        job, rank, stream, stamp, msecs, pid, level, logger, message = match.groups()
+        record: dict = {"logger": logger, "level": level, "message": message}
+        if stamp:
+            record["time"] = datetime.fromisoformat(stamp).timestamp() + int(msecs) / 1000
+        if pid:
+            record["pid"] = int(pid)
+        record |= _mpirun(job, rank, stream)
+        if progress := _PROGRESS.search(message):
+            record |= dict(zip(_PROGRESS_FIELDS, map(int, progress.groups())))
+        records.append(record)
+    return records
+
+
+def _mpirun(job: str | None, rank: str | None, stream: str | None) -> dict:
+    """What mpirun's "[1,1]<stdout>:" before a line says, where it is there."""
+    return {"mpi_job": int(job), "mpi_rank": int(rank), "mpi_stream": stream} if job else {}
+
+
+def _record_head(records: list[dict]) -> dict:
     """Logger, pid and time of the tool's last record."""
-    heads = list(_RECORD.finditer(text))
-    if not heads:
+    tool = [record for record in records if record["logger"] in _TOOL_LOGGERS]
+    if not tool:
         return {}
-    stamp, msecs, pid, logger = heads[-1].groups()
-    head: dict = {"logger": logger, "pid": int(pid) if pid else None}
-    if stamp:
-        head["time"] = datetime.fromisoformat(stamp).timestamp() + int(msecs) / 1000
+    head = {"logger": tool[-1]["logger"], "pid": tool[-1].get("pid")}
+    if "time" in tool[-1]:
+        head["time"] = tool[-1]["time"]
     return head
 
 
 def parse_npc_log(text: str) -> CompileSummary:
-    """One node's neuron_parallel_compile output: its counts, the head of its last record, and
-    its last cache progress line."""
+    """One node's neuron_parallel_compile output: its counts, the head of its tool's last
+    record, its last cache progress line, and every logger line with its head."""
+    records = _records(text)
+    statuses = [{"status": status, **_mpirun(job, rank, stream)}
+                for job, rank, stream, status in _COMPILER_STATUS.findall(text)]
     text = _OUTER_PREFIX.sub("", text)
     progress = _PROGRESS.findall(text)
     last = dict(zip(_PROGRESS_FIELDS, map(int, progress[-1]))) if progress else None
     cache_paths, workdirs = _CACHE_PATH.findall(text), _WORKDIR.findall(text)
-    return replace(_counts(text, last), progress=last, **_record_head(text),
+    return replace(_counts(text, last), progress=last, records=records, compiler_statuses=statuses,
+                   **_record_head(records),
                    cache_path=cache_paths[-1] if cache_paths else None, workdir=workdirs[-1] if workdirs else None,
                    extracted_graphs=_EXTRACTED.findall(text), cached_neffs=_CACHED_NEFF_AT.findall(text),
                    worker_tasks={int(w): int(n) for w, n in _WORKER_DONE.findall(text)},

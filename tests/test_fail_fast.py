@@ -4,21 +4,25 @@ executor's refusals, pending reasons Slurm never satisfies, and the retry condit
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pytest
 import submitit
 from prefect import flow, task
+from prefect.states import Failed
 
 from blocks.cluster import SlurmCluster
 from jobs.node import Command
 from jobs.nodes import gres_gpus, parse_partition
 from jobs.pending import WAITING_LOG_EVERY_S, QueueWatch, never_runs, queue_reason
-from jobs.slurm import ClusterMismatch, JobRequest, SlurmJobFailed, local_refusal, run_job, slurm_parameters
+from jobs.slurm import (ClusterMismatch, JobRequest, SlurmJobFailed, SubmissionRefused, local_refusal, run_job,
+                        slurm_parameters, submit)
 from pretrain.presets import load_spec
 from tasks.artifacts import retryable
 from tasks.preflight import PreflightFailed, preflight, probe
@@ -293,3 +297,58 @@ def test_the_megatron_probe_checks_the_checkout_only_where_no_image_stage_builds
     args = node_probe.parse_args(argv[argv.index("preflight") + 1:])
     assert args.megatron_path == "/workspace/Megatron-LM"
     assert [c["check"] for c in node_probe.megatron_checks(args)] == ["nvidia-smi", "Megatron-LM"]
+
+
+@pytest.mark.pure
+def test_the_native_probe_checks_torch_and_the_device_it_is_asked_for(tmp_path):
+    """``python -m trainer preflight --backend native`` as the probe job runs it: for the CPU this
+    machine has, and for CUDA hidden from it (CUDA_VISIBLE_DEVICES empty, as a job without GPUs
+    sees it, so the answer is the same on a GPU machine)."""
+    def probe_node(device: str) -> tuple[int, dict, dict]:
+        record = tmp_path / f"{device}.json"
+        env = {**os.environ, "SLURMD_NODENAME": "probe-node", "CUDA_VISIBLE_DEVICES": ""}
+        out = subprocess.run([sys.executable, "-m", "trainer", "preflight", "--backend", "native", "--devices", "2",
+                              "--device", device, "--record", str(record)], env=env, capture_output=True, text=True,
+                             timeout=300)
+        printed = json.loads(out.stdout.strip().splitlines()[-1])
+        return out.returncode, printed, json.loads(record.read_text())
+
+    code, printed, written = probe_node("cpu")
+    assert code == 0 and printed == written
+    assert (printed["node"], printed["backend"], printed["ok"]) == ("probe-node", "native", True)
+    torch_check, device_check = printed["checks"]
+    assert torch_check["check"] == "torch" and torch_check["ok"] and sys.executable in torch_check["found"]
+    assert device_check == {"check": "device cpu", "ok": True, "found": "cpu: 2 device(s)", "fix": ""}
+
+    code, printed, _ = probe_node("cuda")
+    assert code == 1 and not printed["ok"]
+    torch_check, device_check = printed["checks"]
+    assert torch_check["ok"] and (device_check["check"], device_check["ok"]) == ("device cuda", False)
+    assert "device='cuda' is not available on this node" in device_check["found"]
+    assert device_check["fix"] == "set backend.native.device, or use a partition whose nodes have it"
+
+
+@pytest.mark.pure
+@pytest.mark.parametrize("answer, final", [
+    # Slurm's error strings (src/common/slurm_errno.c) as sbatch prints them
+    ("Invalid partition name specified", True),
+    ("Requested node configuration is not available", True),
+    ("Socket timed out on send/recv operation", False),
+])
+def test_a_refused_submission_is_retried_only_when_the_cluster_may_accept_it(answer, final, tmp_path, monkeypatch):
+    """sbatch's refusal raises SubmissionRefused naming sbatch's words; the retry condition gives
+    up at once on a request the cluster refuses every time, and retries one that may pass."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    sbatch = bin_dir / "sbatch"  # the scheduler's answer, as the cluster gives it: on stderr, exit 1
+    sbatch.write_text(f"#!/bin/sh\necho 'sbatch: error: Batch job submission failed: {answer}' >&2\nexit 1\n")
+    sbatch.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    with pytest.raises(SubmissionRefused) as info:
+        submit(JobRequest("refused", Command(["true"]), time_limit_min=2), SLURM, tmp_path)
+    assert str(info.value).startswith(f"refused: sbatch refused the job: sbatch: error: Batch job submission failed: "
+                                      f"{answer}")
+    assert ("the cluster refuses this request every time" in str(info.value)) is final
+    assert info.value.retryable is not final
+    # what Prefect hands the retry condition: the failed state of the task that raised it
+    assert retryable(None, None, Failed(data=info.value)) is not final

@@ -258,12 +258,17 @@ def test_several_validation_sets_each_keep_their_values():
     (" 3: ", {"srun_task": 3}),
     ("[default7]:", {"local_rank": 7}),  # torchrun --tee 3
     ("15: [default7]:", {"srun_task": 15, "local_rank": 7}),
+    # SkyPilot's prefixes (skypilot-org/skypilot sky/skylet/executor/slurm.py): a worker node's, the setup's
+    ("(worker1, rank=1, pid=15406, ip=10.164.0.57) ",
+     {"skypilot_name": "worker1", "node_rank": 1, "pid": 15406, "node_ip": "10.164.0.57"}),
+    ("\x1b[36m(setup pid=8665)\x1b[0m ", {"skypilot_name": "setup", "pid": 8665}),
 ])
 def test_launcher_labels_before_a_megatron_line_name_the_rank_that_printed_it(prefix, labels):
     line = prefix + MEGATRON
     evaluation = prefix + " validation loss at iteration 10 | lm loss value: 2.500000E+00 | lm loss PPL: 1.218249E+01 |"
     point = parse_log(line + "\n" + evaluation).points[10]
-    assert {k: point.get(k) for k in ("srun_task", "local_rank")} == {"srun_task": None, "local_rank": None, **labels}
+    keys = ("srun_task", "local_rank", "skypilot_name", "node_rank", "pid", "node_ip")
+    assert {k: point[k] for k in keys if k in point} == labels
     assert point["loss"] == 9.876543 and point["val_loss"] == 2.5 and point["time"] == parse_log(MEGATRON).points[10]["time"]
 
 
@@ -375,26 +380,36 @@ def test_published_bars_keep_every_value_they_print():
                     "global_step": 2000.0, "consumed_samples": 1.28e6, "step_time_s": 1.9, "val_loss": 2.8,
                     "global_step_rounded": 1.0, "consumed_samples_rounded": 1.0}
     printer = _bar_point(17, 20)  # "(pretraining, pid=4112) Training epoch 1, iteration 0/999 | ..."
-    assert printer == {"step": 20, "pid": 4112, "epoch": 1, "epoch_step": 0, "max_steps": 999, "lr": 2.999e-6,
-                       "global_batch_size": 512, "global_step": 19, "loss": 11.03, "step_time_s": 46.86,
-                       "consumed_samples": 10240}
+    assert printer == {"step": 20, "pid": 4112, "skypilot_name": "pretraining", "epoch": 1, "epoch_step": 0,
+                       "max_steps": 999, "lr": 2.999e-6, "global_batch_size": 512, "global_step": 19, "loss": 11.03,
+                       "step_time_s": 46.86, "consumed_samples": 10240}
 
 
-def test_published_sanity_check_and_validation_bars_checkpoints_and_early_stopping_keep_their_values():
+def test_published_loop_bars_callbacks_and_stop_lines_keep_their_values():
     """Lightning's other bars (BioNeMo's sanity check under srun's label, with and without a total;
-    its validation bar; NeMo's validation counter drawn over the training bar, its head lost), the
-    checkpoint callback's line on the step it names, and early stopping on the last step."""
+    its training bars before the first log; its validation bar; NeMo's validation counter drawn
+    over the training bar, its head lost), the checkpoint callback's line on the step it names,
+    and on the last step: early stopping, NeMo's removal of a checkpoint (its record's time,
+    level and source), the limit that stopped the fit loop, each with the srun task of its line."""
     def stream(block: int):
         return parse_log("\n".join(blocks("lightning-bars-public.txt")[block][1]))
 
     # srun's " 0: " label comes before a carriage return here: like a training bar's, the bars
     # drawn after it carry none (the log is read in pieces that end at carriage returns)
-    sanity = stream(13).loop_bars
+    bars = stream(13).loop_bars
+    assert [b["loop"] for b in bars] == ["sanity_check"] * 5 + ["training"] * 4
+    sanity, training = bars[:5], bars[5:]
     assert sanity[0] == {"loop": "sanity_check", "after_step": 0, "progress_count": 0, "elapsed_s": 0.0}
     assert sanity[3] == {"loop": "sanity_check", "after_step": 0, "dataloader": 0, "progress_pct": 50,
                          "progress_count": 1, "progress_total": 2, "elapsed_s": 2.0, "remaining_s": 2.0, "s_per_it": 2.66}
     assert [(b["progress_count"], b.get("progress_total"), "dataloader" in b) for b in sanity] == [
         (0, None, False), (0, 2, False), (0, 2, True), (1, 2, True), (2, 2, True)]
+    # "Training: 0it [00:00, ?it/s]", "Training:   0%| | 0/200 ...", then "Epoch 0:" before any metrics
+    assert training[0] == {"loop": "training", "after_step": 0, "progress_count": 0, "elapsed_s": 0.0}
+    assert [(b.get("epoch"), b.get("progress_total")) for b in training] == [(None, None), (None, 200), (0, 200),
+                                                                            (0, 200)]
+    assert training[3] == {"loop": "training", "after_step": 0, "epoch": 0, "progress_pct": 0, "progress_count": 1,
+                           "progress_total": 200, "elapsed_s": 6.0, "remaining_s": 20 * 60 + 39, "s_per_it": 6.23}
     esm = stream(15)
     [validation] = esm.loop_bars
     # the block starts with it: no training step was read before it
@@ -402,11 +417,23 @@ def test_published_sanity_check_and_validation_bars_checkpoints_and_early_stoppi
                           "progress_count": 50, "progress_total": 50, "elapsed_s": 39.0, "remaining_s": 0.0,
                           "it_per_s": 1.27}
     saved = esm.points[100]
-    assert {k: saved[k] for k in saved if k.startswith("checkpoint_")} == {
+    checkpoints = "/fsx/esm1nv-train/esm1nv_pretraining/esm1nv_batch256_gradacc1_nodes4-small/results/checkpoints/"
+    assert {k: saved[k] for k in saved if k.startswith(("checkpoint_", "fit_", "srun_"))} == {
         "checkpoint_monitor": "val_loss", "checkpoint_score": 2.84952, "checkpoint_best_score": 2.84952,
-        "checkpoint_path": "/fsx/esm1nv-train/esm1nv_pretraining/esm1nv_batch256_gradacc1_nodes4-small/results/"
-                           "checkpoints/megatron_bert--val_loss=2.85-step=100-consumed_samples=819200.0.ckpt",
-        "checkpoint_top_k": 10}
+        "checkpoint_path": checkpoints + "megatron_bert--val_loss=2.85-step=100-consumed_samples=819200.0.ckpt",
+        "checkpoint_top_k": 10, "srun_task": 0,  # " 0: Epoch 0, global step 100: ..." and " 0: `Trainer.fit` ..."
+        # "[NeMo I 2024-03-01 07:12:24 nlp_overrides:231] Removing checkpoint: ..." after a cursor-up
+        "checkpoint_removed_path": checkpoints
+        + "megatron_bert--val_loss=3.06-step=50-consumed_samples=409600.0-last.ckpt",
+        "checkpoint_removed_time": datetime(2024, 3, 1, 7, 12, 24).timestamp(), "checkpoint_removed_log_level": "I",
+        "checkpoint_removed_log_source": "nlp_overrides:231",
+        # "`Trainer.fit` stopped: `max_steps=100` reached."
+        "fit_stopped_limit": "max_steps", "fit_stopped_limit_value": 100}
+    peft = stream(10).points[2000]  # the removal glued after the bar's closing "]"
+    assert peft["checkpoint_removed_path"].endswith(
+        "/mp_rank_00/megatron_llama_peft_tuning-lora--validation_loss=0.211-step=1800-consumed_samples=230400.0-last.ckpt")
+    assert (peft["checkpoint_removed_time"], peft["checkpoint_removed_log_source"]) == (
+        datetime(2024, 6, 17, 8, 36, 41).timestamp(), "nlp_overrides:480")
     [glued] = stream(7).loop_bars  # "...val_loss=2.800]dation DataLoader 0: : 51it [00:20,  2.53it/s]"
     assert glued == {"loop": "validation", "after_step": 2000, "dataloader": 0, "progress_count": 51,
                      "elapsed_s": 20.0, "it_per_s": 2.53}
@@ -414,6 +441,16 @@ def test_published_sanity_check_and_validation_bars_checkpoints_and_early_stoppi
     assert {k: stopped[k] for k in stopped if k.startswith("early_stop_")} == {
         "early_stop_monitor": "val_loss", "early_stop_records_without_improvement": 5, "early_stop_best_score": 0.074,
         "early_stop_rank": 1}
+    # over every block: each such line printed is kept, and each loop's bar
+    events = {"Removing checkpoint: ": "checkpoint_removed_path", "`Trainer.fit` stopped: ": "fit_stopped_limit",
+              "Monitored metric ": "early_stop_monitor", "saving model to ": "checkpoint_path"}
+    loops = ("Training: ", "Sanity Checking", "dation DataLoader")
+    for source, lines in blocks("lightning-bars-public.txt"):
+        text = "\n".join(lines)
+        read = parse_log(text)
+        assert {key: sum(key in p for p in read.points.values()) for key in events.values()} == {
+            key: text.count(printed) for printed, key in events.items()}, source
+        assert sum("epoch" not in b for b in read.loop_bars) == sum(map(text.count, loops)), source
 
 
 def test_a_rounded_global_step_takes_its_step_from_the_bars_counter():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from datetime import datetime
 
 import pytest
@@ -124,3 +125,40 @@ def test_published_output_keeps_what_every_other_line_names():
     assert sorted(retries) == [2, 7, 10] and {len(r) for r in retries.values()} == {2, 4}
     assert all(set(r.values()) == {0} for r in retries.values())
     assert retries[7] == dict.fromkeys(logs[7].graph_seconds, 0)  # the graphs compile_time was given for
+
+
+def test_published_output_keeps_every_logger_line_with_its_head():
+    """Every line of the tool's, NEURON_CACHE's and the cc wrapper's loggers, in every block: its
+    logger, level and message as printed, the time and pid where printed (progress dots, an outer
+    INFO: or mpirun's prefix before them), mpirun's job and rank, and each progress line's counts;
+    and each of the compiler's status lines with its mpirun rank."""
+    stamp = re.compile(r"(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)\.\d{3}(\d{3}):(?:\s+(\d+))?\s+INFO \|\|")
+    for source, lines in blocks("neuron-parallel-compile-public.txt"):
+        records = parse_npc_log("\n".join(lines)).records
+        logged = [line for line in lines if re.search(r"\|\|\w+\|\|: ", line)]
+        assert [r["message"] for r in records] == [line.split("||: ", 1)[1] for line in logged], source
+        assert [r["logger"] for r in records] == [line.split("||")[1] for line in logged], source
+        assert {r["level"] for r in records} <= {"INFO"}
+        statuses = parse_npc_log("\n".join(lines)).compiler_statuses
+        assert [s["status"] for s in statuses] == ["PASS"] * sum("Compiler status PASS" in line for line in lines)
+        for record, line in zip(records, logged):
+            head = stamp.search(line)
+            assert record.get("time") == (head and datetime.fromisoformat(head[1]).timestamp() + int(head[2]) / 1000)
+            assert record.get("pid") == (head and head[3] and int(head[3])), line
+            assert ("remaining" in record) == ("Current remaining items" in line), line
+    logs = [parse_npc_log("\n".join(lines)).records for _, lines in blocks("neuron-parallel-compile-public.txt")]
+    # the cache's progress, start to end, where the tool's summary counts only the last
+    assert [(r["remaining"], r["done"], r["total"]) for r in logs[1] if "total" in r] == [(5, 0, 5), (0, 5, 5)]
+    cache = logs[7][1]  # NEURON_CACHE's line under the compile worker's pid, before the tool's record
+    assert (cache["logger"], cache["pid"], cache["time"], cache["locked"]) == (
+        "NEURON_CACHE", 42821, datetime(2025, 1, 17, 1, 16, 7).timestamp() + 0.970, 2)
+    assert logs[7][0]["pid"] == 42821 and logs[7][-1]["pid"] == 32201
+    assert logs[10][1]["message"] == "Progress Status: No more compile jobs!"
+    assert [(r["logger"], r["time"]) for r in logs[12]] == [("NCC_WRAPPER", datetime(2023, 8, 14, 8, 15, 20).timestamp()
+                                                             + 0.681)]
+    [ranked] = logs[17]  # "[1,1]<stdout>:2025-01-10 05:07:14.000768:  38  INFO ||NEURON_CACHE||: ..."
+    assert (ranked["mpi_job"], ranked["mpi_rank"], ranked["mpi_stream"], ranked["pid"]) == (1, 1, "stdout", 38)
+    assert not any("mpi_rank" in r for log in logs[:17] for r in log)
+    mpirun = parse_npc_log("\n".join(blocks("neuron-parallel-compile-public.txt")[17][1])).compiler_statuses
+    assert mpirun == [{"status": "PASS", "mpi_job": 1, "mpi_rank": 1, "mpi_stream": "stdout"},
+                      {"status": "PASS", "mpi_job": 1, "mpi_rank": 0, "mpi_stream": "stdout"}]
