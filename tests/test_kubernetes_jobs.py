@@ -76,9 +76,10 @@ def test_a_job_with_an_active_pod_runs_on():
     assert job_outcome(recorded("job-status-running.json"), [PodOutcome("FAILED", "1")]).state == ""
 
 
-def test_a_kubeflow_job_that_succeeded_completed():
-    status = recorded("jaxjob-status-succeeded.yaml")
-    assert job_condition(status) == ("Succeeded", "JAXJobSucceeded: JAXJob kubeflow/jaxjob-mnist successfully completed.")
+def test_a_pytorchjob_that_succeeded_completed():
+    status = recorded("pytorchjob-status-succeeded.yaml")
+    assert job_condition(status) == ("Succeeded", "PyTorchJobSucceeded: PyTorchJob pytorch-tcp-dist-mnist is "
+                                                  "successfully completed.")
     assert job_outcome(status, []).state == "COMPLETED"
 
 
@@ -158,8 +159,7 @@ def test_a_job_that_ran_out_of_memory_fails_with_the_pods_reason_node_and_log_th
 
 
 def test_a_training_job_that_succeeded_is_a_pytorchjob_created_at_the_kubeflow_route(tmp_path):
-    # a Kubeflow v1 job's recorded status (the JobStatus PyTorchJob shares)
-    with RecordedApiServer([Replay([recorded("jaxjob-status-succeeded.yaml")])]) as server:
+    with RecordedApiServer([Replay([recorded("pytorchjob-status-succeeded.yaml")])]) as server:
         request = JobRequest("gpt-train", Command(["torchrun", "--nnodes", "$NNODES"]), 60, nodes=2, gpus_per_node=8)
         assert kubernetes.run_job(request, target(server), tmp_path, manifests, poll_s=0.01) == [0, 0]
     (create,) = server.sent("POST")
@@ -225,8 +225,8 @@ def test_training_runs_on_the_nodes_precompile_ran_on_and_leaves_out_a_lost_one(
     from tasks.executor import job_nodes, on_nodes
     from tasks.attempts import MetricsFollower, run_attempts
 
-    done = recorded("jaxjob-status-succeeded.yaml")
-    failed = recorded("job-status-backoff-limit-exceeded.json")  # a Failed condition, as every Kubeflow job has
+    done = recorded("pytorchjob-status-succeeded.yaml")
+    failed = recorded("job-status-backoff-limit-exceeded.json")  # a Failed condition, as a failed PyTorchJob has
     replays = [Replay([done], [RecordedPod("ip-10-0-1-1", {"phase": "Succeeded"}),
                                RecordedPod("ip-10-0-1-2", {"phase": "Succeeded"})]),
                Replay([failed], [RecordedPod("ip-10-0-1-1", LOST_TO_A_TAINT),
@@ -264,7 +264,7 @@ def test_a_run_that_may_go_on_with_fewer_nodes_is_resubmitted_elastic_without_th
 
     replays = [Replay([recorded("job-status-backoff-limit-exceeded.json")],
                       [RecordedPod("ip-10-0-1-1", LOST_TO_A_TAINT), RecordedPod("ip-10-0-1-2", {"phase": "Failed"})]),
-               Replay([recorded("jaxjob-status-succeeded.yaml")], [RecordedPod("ip-10-0-1-2", {"phase": "Succeeded"})])]
+               Replay([recorded("pytorchjob-status-succeeded.yaml")], [RecordedPod("ip-10-0-1-2", {"phase": "Succeeded"})])]
     with RecordedApiServer(replays) as server:
         cluster = runbook_cluster().model_copy(update={"image": "pretrain:cpu", "namespace": "training",
                                                        "api_server": server.url, "mount_path": str(tmp_path)})
