@@ -12,6 +12,7 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from pathlib import Path
 
 import pytest
@@ -354,3 +355,33 @@ def test_a_terminated_flow_process_deletes_its_job_within_a_second(tmp_path):
     assert delete.path.startswith("/apis/kubeflow.org/v1/namespaces/training/pytorchjobs/")
     assert delete.body == {"propagationPolicy": "Foreground"}
     assert delete.at - signalled[0] < 1.0
+
+
+def test_a_flow_run_cancelled_through_the_prefect_api_deletes_its_job_at_the_next_check(tmp_path, monkeypatch):
+    """A run cancelled in the UI, the CLI or the API while it follows a job: the layer reads the
+    flow run's state from the Prefect API (every 5 s, jobs.slurm.CancelWatch), sees Cancelling, and
+    its very next request is the foreground DELETE of the job, before any further poll. The
+    Prefect API's one route this needs (GET /api/flow_runs/ID) is answered by the loopback server
+    too, with a flow run serialized by Prefect's own model; the flow's pod knows its run from
+    PREFECT__FLOW_RUN_ID, which the worker sets."""
+    from prefect.client.schemas.objects import FlowRun
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+    from prefect.states import Cancelling
+
+    from jobs.slurm import FlowRunCancelled
+
+    run = FlowRun(flow_id=uuid.uuid4(), name="gpt3-7.5b-eks", state=Cancelling())
+    monkeypatch.setenv("PREFECT__FLOW_RUN_ID", str(run.id))
+    answers = {f"/api/flow_runs/{run.id}": run.model_dump(mode="json")}
+    with RecordedApiServer([Replay([recorded("job-status-running.json")])], answers) as server:
+        with temporary_settings({PREFECT_API_URL: f"{server.url}/api"}), pytest.raises(FlowRunCancelled) as cancelled:
+            kubernetes.run_job(JobRequest("gpt-train", Command(["torchrun"]), 60, nodes=2, gpus_per_node=8),
+                               target(server), tmp_path, manifests, poll_s=1.0, max_wait_s=60)
+    name = server.created()[0]["metadata"]["name"]
+    assert f"(Cancelling); deleted Kubernetes job(s) training/{name}" in str(cancelled.value)
+    (read,) = server.sent("GET", f"^/api/flow_runs/{run.id}$")
+    after = server.requests[server.requests.index(read) + 1:]
+    assert (after[0].method, after[0].path) == \
+        ("DELETE", f"/apis/kubeflow.org/v1/namespaces/training/pytorchjobs/{name}")
+    assert after[0].body == {"propagationPolicy": "Foreground"}
+    assert len(server.sent("DELETE")) == 1
