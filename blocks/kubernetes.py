@@ -68,7 +68,8 @@ class KubernetesCluster(Block):
         300, ge=0,
         description="A job whose flow process has stopped following it for this long (its pod was killed, "
         "its node lost) stops itself: every pod runs its command under a lease file on the shared volume "
-        "that the flow process renews, so the flow's pod must mount the claim at mount_path too; 0 never.")
+        "that the flow process renews, so the flow's pod must mount the claim at mount_path too (the work "
+        "pool's template, deployments/kubernetes-work-pool.json, does); 0 never.")
     preflight_max_age_min: int = Field(
         360, ge=0, description="A run that trains on more than one node first runs a one-pod probe of what its "
         "backend needs; it skips the probe when the same block and spec passed it this recently (minutes). "

@@ -15,6 +15,8 @@ Routes (the client's ``resource_path`` of each call the layer makes):
 - GET    any other path the test gives a recorded answer for, e.g.
          /api/v1/namespaces/{ns}/persistentvolumeclaims/{name}     read_namespaced_persistent_volume_claim
          /api/v1/namespaces/{ns}                                   read_namespace
+         /api/flow_runs/{id}, /api/block_types/slug/...            the Prefect API's, for a test that
+                                                                   points PREFECT_API_URL here
 
 A created object that the schemas refuse is answered 422 Invalid, as the API server's validation
 would; anything else is 404 NotFound. Only the recorded answers are chosen by the test: which

@@ -12,6 +12,7 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from pathlib import Path
 
 import pytest
@@ -76,9 +77,10 @@ def test_a_job_with_an_active_pod_runs_on():
     assert job_outcome(recorded("job-status-running.json"), [PodOutcome("FAILED", "1")]).state == ""
 
 
-def test_a_kubeflow_job_that_succeeded_completed():
-    status = recorded("jaxjob-status-succeeded.yaml")
-    assert job_condition(status) == ("Succeeded", "JAXJobSucceeded: JAXJob kubeflow/jaxjob-mnist successfully completed.")
+def test_a_pytorchjob_that_succeeded_completed():
+    status = recorded("pytorchjob-status-succeeded.yaml")
+    assert job_condition(status) == ("Succeeded", "PyTorchJobSucceeded: PyTorchJob pytorch-tcp-dist-mnist is "
+                                                  "successfully completed.")
     assert job_outcome(status, []).state == "COMPLETED"
 
 
@@ -158,8 +160,7 @@ def test_a_job_that_ran_out_of_memory_fails_with_the_pods_reason_node_and_log_th
 
 
 def test_a_training_job_that_succeeded_is_a_pytorchjob_created_at_the_kubeflow_route(tmp_path):
-    # a Kubeflow v1 job's recorded status (the JobStatus PyTorchJob shares)
-    with RecordedApiServer([Replay([recorded("jaxjob-status-succeeded.yaml")])]) as server:
+    with RecordedApiServer([Replay([recorded("pytorchjob-status-succeeded.yaml")])]) as server:
         request = JobRequest("gpt-train", Command(["torchrun", "--nnodes", "$NNODES"]), 60, nodes=2, gpus_per_node=8)
         assert kubernetes.run_job(request, target(server), tmp_path, manifests, poll_s=0.01) == [0, 0]
     (create,) = server.sent("POST")
@@ -225,8 +226,8 @@ def test_training_runs_on_the_nodes_precompile_ran_on_and_leaves_out_a_lost_one(
     from tasks.executor import job_nodes, on_nodes
     from tasks.attempts import MetricsFollower, run_attempts
 
-    done = recorded("jaxjob-status-succeeded.yaml")
-    failed = recorded("job-status-backoff-limit-exceeded.json")  # a Failed condition, as every Kubeflow job has
+    done = recorded("pytorchjob-status-succeeded.yaml")
+    failed = recorded("job-status-backoff-limit-exceeded.json")  # a Failed condition, as a failed PyTorchJob has
     replays = [Replay([done], [RecordedPod("ip-10-0-1-1", {"phase": "Succeeded"}),
                                RecordedPod("ip-10-0-1-2", {"phase": "Succeeded"})]),
                Replay([failed], [RecordedPod("ip-10-0-1-1", LOST_TO_A_TAINT),
@@ -264,7 +265,7 @@ def test_a_run_that_may_go_on_with_fewer_nodes_is_resubmitted_elastic_without_th
 
     replays = [Replay([recorded("job-status-backoff-limit-exceeded.json")],
                       [RecordedPod("ip-10-0-1-1", LOST_TO_A_TAINT), RecordedPod("ip-10-0-1-2", {"phase": "Failed"})]),
-               Replay([recorded("jaxjob-status-succeeded.yaml")], [RecordedPod("ip-10-0-1-2", {"phase": "Succeeded"})])]
+               Replay([recorded("pytorchjob-status-succeeded.yaml")], [RecordedPod("ip-10-0-1-2", {"phase": "Succeeded"})])]
     with RecordedApiServer(replays) as server:
         cluster = runbook_cluster().model_copy(update={"image": "pretrain:cpu", "namespace": "training",
                                                        "api_server": server.url, "mount_path": str(tmp_path)})
@@ -354,3 +355,33 @@ def test_a_terminated_flow_process_deletes_its_job_within_a_second(tmp_path):
     assert delete.path.startswith("/apis/kubeflow.org/v1/namespaces/training/pytorchjobs/")
     assert delete.body == {"propagationPolicy": "Foreground"}
     assert delete.at - signalled[0] < 1.0
+
+
+def test_a_flow_run_cancelled_through_the_prefect_api_deletes_its_job_at_the_next_check(tmp_path, monkeypatch):
+    """A run cancelled in the UI, the CLI or the API while it follows a job: the layer reads the
+    flow run's state from the Prefect API (every 5 s, jobs.slurm.CancelWatch), sees Cancelling, and
+    its very next request is the foreground DELETE of the job, before any further poll. The
+    Prefect API's one route this needs (GET /api/flow_runs/ID) is answered by the loopback server
+    too, with a flow run serialized by Prefect's own model; the flow's pod knows its run from
+    PREFECT__FLOW_RUN_ID, which the worker sets."""
+    from prefect.client.schemas.objects import FlowRun
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+    from prefect.states import Cancelling
+
+    from jobs.slurm import FlowRunCancelled
+
+    run = FlowRun(flow_id=uuid.uuid4(), name="gpt3-7.5b-eks", state=Cancelling())
+    monkeypatch.setenv("PREFECT__FLOW_RUN_ID", str(run.id))
+    answers = {f"/api/flow_runs/{run.id}": run.model_dump(mode="json")}
+    with RecordedApiServer([Replay([recorded("job-status-running.json")])], answers) as server:
+        with temporary_settings({PREFECT_API_URL: f"{server.url}/api"}), pytest.raises(FlowRunCancelled) as cancelled:
+            kubernetes.run_job(JobRequest("gpt-train", Command(["torchrun"]), 60, nodes=2, gpus_per_node=8),
+                               target(server), tmp_path, manifests, poll_s=1.0, max_wait_s=60)
+    name = server.created()[0]["metadata"]["name"]
+    assert f"(Cancelling); deleted Kubernetes job(s) training/{name}" in str(cancelled.value)
+    (read,) = server.sent("GET", f"^/api/flow_runs/{run.id}$")
+    after = server.requests[server.requests.index(read) + 1:]
+    assert (after[0].method, after[0].path) == \
+        ("DELETE", f"/apis/kubeflow.org/v1/namespaces/training/pytorchjobs/{name}")
+    assert after[0].body == {"propagationPolicy": "Foreground"}
+    assert len(server.sent("DELETE")) == 1
