@@ -330,11 +330,11 @@ def test_a_pod_whose_lease_is_not_renewed_stops_its_program_and_fails(tmp_path):
     assert ok.returncode == 3  # the program's own exit code while the lease holds
 
 
-def test_a_terminated_flow_process_deletes_its_job_within_a_second(tmp_path):
+def test_a_terminated_flow_process_deletes_its_job_within_its_grace_period(tmp_path):
     """How a cancelled flow run ends on Kubernetes: the worker deletes the flow's pod, and the
     kubelet sends its process SIGTERM, then SIGKILL 30 s later (the pod's default grace period,
-    the issue's limit). The DELETE must arrive in between; it arrives at once, not at the next
-    poll (5 s here)."""
+    the issue's limit). The DELETE must arrive in between: on the signal, not at the next poll,
+    ten minutes away here (it arrives within a second; docs/kubernetes.md)."""
     previous = signal.signal(signal.SIGTERM, signal.SIG_DFL)  # the layer installs its own, as in a flow process
     signalled = []
     try:
@@ -348,13 +348,13 @@ def test_a_terminated_flow_process_deletes_its_job_within_a_second(tmp_path):
             threading.Thread(target=terminate_once_followed, daemon=True).start()
             with pytest.raises(SystemExit):
                 kubernetes.run_job(JobRequest("gpt-train", Command(["torchrun"]), 60, nodes=2, gpus_per_node=8), target(server),
-                        tmp_path, manifests, poll_s=5.0)
+                        tmp_path, manifests, poll_s=600.0)
     finally:
         signal.signal(signal.SIGTERM, previous)
     (delete,) = server.sent("DELETE")
     assert delete.path.startswith("/apis/kubeflow.org/v1/namespaces/training/pytorchjobs/")
     assert delete.body == {"propagationPolicy": "Foreground"}
-    assert delete.at - signalled[0] < 1.0
+    assert delete.at - signalled[0] < 30
 
 
 def test_a_flow_run_cancelled_through_the_prefect_api_deletes_its_job_at_the_next_check(tmp_path, monkeypatch):
