@@ -73,9 +73,12 @@ demo: setup
 #
 # Before the workers start, two processes import what every worker, test server and job imports
 # (the test modules, and Prefect's server), writing its bytecode once instead of in three workers
-# and three servers at the same time.
-test: stack-up node-deps
-	$(VENV)/bin/python -c "import prefect.server.api.server" & $(VENV)/bin/python -m pytest --collect-only -q >/dev/null; wait
+# and three servers at the same time; node-deps installs beside them, on the core they leave.
+test: stack-up
+	$(MAKE) --no-print-directory node-deps & node=$$!; \
+	  $(VENV)/bin/python -c "import prefect.server.api.server" & \
+	  $(VENV)/bin/python -m pytest --collect-only -q >/dev/null; \
+	  wait $$node && wait
 	$(VENV)/bin/python -m pytest -n 3 --dist loadfile --no-loadscope-reorder
 
 # The edit-test loop: the pure tests (pytest.mark.pure), with no stack and no Prefect server, on
