@@ -780,7 +780,12 @@ def test_tensor_parallel_matches_one_process(corpus, baseline, tmp_path):
     run = tmp_path / "run"
     write_config(run, train_config(run, corpus, parallel={"tp": 2}))
     assert_finished(train(run, nproc=2))
-    assert_losses_match(run, losses(baseline), 1e-4)
+    # The first step computes the same sums as one process, split in two and added in another
+    # order: float32 rounding apart. Twenty Adam updates then grow that rounding (to 1.5e-4 on a
+    # Sapphire Rapids core); a sharding mistake shows at the first step as differences of 0.1.
+    first = min(losses(baseline))
+    assert abs(losses(run)[first] - losses(baseline)[first]) <= 1e-5
+    assert_losses_match(run, losses(baseline), 1e-3)
     exported, reference = load_file(run / "hf" / "model.safetensors"), load_file(baseline / "hf" / "model.safetensors")
     assert {k: v.shape for k, v in exported.items()} == {k: v.shape for k, v in reference.items()}
     worst = max(float((exported[k] - reference[k]).abs().max()) for k in reference)
