@@ -465,6 +465,10 @@ def _torchtitan(line: str, stream: MetricsStream) -> bool:
     if "loss" not in metrics:
         stream.skipped += 1
         return True
+    if metrics.get("tflops_per_device") == 0 and metrics.get("tokens_per_s_per_device", 0) > 0:
+        # A model whose flops torchtitan does not count prints "tflops: 0.00  mfu: 0.00%" at any
+        # speed (FLUX: get_nparams_and_flops' TODO in torchtitan/models/flux/README.md): unknown, not 0.
+        del metrics["tflops_per_device"], metrics["mfu_pct"]
     stream.add(int(match.group(1)), metrics)
     return True
 

@@ -318,15 +318,22 @@ def test_public_megatron_lines_keep_every_field_under_its_name():
 def test_public_torchtitan_step_lines_parse_with_every_value():
     """torchtitan's step lines from published logs and pull requests (tests/assets/logs/SOURCES.md):
     with ANSI colours, torchrun's [rank0]: prefix, grad_norm or not. tps and tflops are per device."""
-    lines = [line for _, block in blocks("torchtitan-public-lines.txt") for line in block]
+    sourced = [(source, line) for source, block in blocks("torchtitan-public-lines.txt") for line in block]
+    lines = [line for _, line in sourced]
     assert len(lines) == 10 and any("\x1b[" in line for line in lines)
-    for line in lines:
+    for source, line in sourced:
         stream = parse_log(line)
         (point,) = stream.points.values()
-        fields = {"loss", "memory_gib", "memory_pct", "tokens_per_s_per_device", "tflops_per_device", "mfu_pct"}
-        assert stream.skipped == 0 and fields <= point.keys() and ("grad_norm" in point) == ("grad_norm" in line), line
+        fields = {"loss", "memory_gib", "memory_pct", "tokens_per_s_per_device"}
+        # nebius/ml-cookbook's run trains FLUX, whose flops torchtitan does not count: it prints
+        # "tflops: 0.00  mfu: 0.00%" at 1.5M tokens/s, which is no measurement of either
+        if "nebius" not in source:
+            fields |= {"tflops_per_device", "mfu_pct"}
+        assert stream.skipped == 0 and fields == point.keys() - {"step", "time", "rank", "grad_norm"}, line
+        assert ("grad_norm" in point) == ("grad_norm" in line), line
     coloured = parse_log(lines[0]).points[700]
     assert (coloured["loss"], coloured["tokens_per_s_per_device"], coloured["memory_pct"]) == (0.7052, 1541366, 96.97)
+    assert "mfu_pct" not in coloured and "tflops_per_device" not in coloured
     assert coloured["time"] == datetime(2025, 6, 10, 21, 58, 27, 8000).timestamp()
     ranked = parse_log(lines[3]).points[200]
     assert (ranked["rank"], ranked["tflops_per_device"], ranked["mfu_pct"]) == (0, 339.16, 34.29)

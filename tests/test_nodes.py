@@ -92,6 +92,19 @@ def test_up_gives_three_idle_nodes_with_their_own_addresses(three_nodes):
     assert sorted(slurmds) == [f"slurmd@{n}" for n in NODES] and all(slurmds.values())
 
 
+def test_a_second_stack_on_the_same_base_port_is_refused_and_the_first_keeps_its_nodes(three_nodes, tmp_path):
+    """Its `up` would take the running stack's namespaces for a crashed stack's leftovers."""
+    before = stack.status(three_nodes)["slurm"]
+    with pytest.raises(stack.StackError) as refused:
+        stack.up(tmp_path / "other", ("slurm",), base_port=BASE_PORT, nodes=3)
+    message = str(refused.value)
+    assert f"base port {BASE_PORT} is held by the stack in {three_nodes.resolve()}" in message
+    assert f"pretrain stack down --dir {three_nodes.resolve()}" in message and "another --base-port" in message
+    assert stack.status(three_nodes)["slurm"] == before
+    assert len(nodes.leftovers(PREFIX)) == 7  # three namespaces, the bridge, three links
+    assert {state for state, _, _ in node_table().values()} == {"idle"}
+
+
 def test_a_job_on_three_nodes_runs_on_three_hosts_that_share_the_data_directory(three_nodes, tmp_path):
     """Each task writes, into the shared directory, its host name, how it resolves the first
     node, and whether it reaches the controller at the head's bridge address and at 127.0.0.1

@@ -12,6 +12,7 @@ import argparse
 import json
 import os
 import shutil
+import tempfile
 from pathlib import Path
 
 from deployments.stack import prefect_server, s3, slurm
@@ -19,6 +20,8 @@ from deployments.stack.processes import StackError
 
 ALL = ("slurm", "s3", "prefect")
 DEFAULT_BASE_PORT = 6817  # Slurm's own default controller port
+# Which stack directory holds each base port on this machine: a link per port, named after it.
+CLAIMS = Path(tempfile.gettempdir()) / "pretrain-stack-ports"
 
 __all__ = ["ALL", "StackError", "down", "environment", "main", "reset", "status", "up"]
 
@@ -59,12 +62,35 @@ def _slurm(root: Path, config: dict) -> slurm.SlurmLayout:
     return slurm.SlurmLayout(root / "slurm", config["base_port"], config.get("nodes", 1))
 
 
+def _claim(root: Path, base_port: int) -> None:
+    """Hold ``base_port`` for the stack in ``root``, or refuse while another stack's daemons run
+    on it. Its ports, its nodes' subnet and the names of their namespaces and links all derive
+    from the base port, so a second stack's ``up`` would take the first one's nodes down (it
+    removes what it takes for a crashed stack's leftovers) and fail on its ports. A claim whose
+    stack runs nothing any more, or holds another port now, is taken over."""
+    CLAIMS.mkdir(exist_ok=True)
+    claim = CLAIMS / str(base_port)
+    if claim.is_symlink():
+        other = Path(os.readlink(claim))
+        if other != root.resolve() and (other / "stack.json").exists() \
+                and _config(other, None)["base_port"] == base_port:
+            running = [f"{name} {pid}" for pids in status(other).values() for name, pid in pids.items() if pid]
+            if running:
+                raise StackError(
+                    f"base port {base_port} is held by the stack in {other} ({', '.join(running)}): its ports, "
+                    f"subnet and node namespaces would be this one's too. Stop it (`pretrain stack down --dir "
+                    f"{other}`) or give this stack another --base-port")
+        claim.unlink()
+    claim.symlink_to(root.resolve())
+
+
 def up(path: str | Path | None = None, components: tuple[str, ...] = ALL,
        base_port: int | None = None, nodes: int | None = None) -> dict[str, object]:
     """Start what is not running yet; return the pids of every component. ``nodes``: the Slurm
     nodes (1, ``localhost``, unless the stack was started with more)."""
     root = stack_dir(path)
     config = _config(root, base_port, nodes)
+    _claim(root, config["base_port"])
     pids: dict[str, object] = {}
     if "slurm" in components:
         pids["slurm"] = slurm.up(_slurm(root, config))
