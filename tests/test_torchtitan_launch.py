@@ -44,6 +44,23 @@ def test_llama3_70b_gpu_fsdp_times_tp_and_full_checkpointing():
     assert config.checkpoint.initial_load_path is None
 
 
+def test_the_tiny_shape_renders_as_torchtitans_debug_model_on_one_gpu():
+    """torchtitan's own test model (llama3_debugmodel): the shape a first launch on one GPU runs."""
+    tiny = ["backend.torchtitan.flavour=debugmodel", "model.num_layers=6", "model.hidden_size=256",
+            "model.num_attention_heads=16", "model.num_kv_heads=16", "model.vocab_size=2048", "model.seq_length=2048",
+            "cluster.devices_per_node=1", "training.global_batch_size=8", "training.micro_batch_size=8",
+            "training.train_steps=10", "backend.torchtitan.compile=false"]
+    config = parsed(load_spec("llama3-8b-gpu", tiny), init_from=None)
+    model = config.model_spec.model
+    assert (config.model_spec.flavor, model.dim, len(model.layers), model.vocab_size) == ("debugmodel", 256, 6, 2048)
+    assert model.layers[0].attention.n_heads == 16
+    assert (config.parallelism.data_parallel_shard_degree, config.training.local_batch_size,
+            config.training.steps, config.compile.enable) == (1, 8, 10, False)
+    # a shape the flavour does not have is refused, naming the flavour's
+    with pytest.raises(SpecError, match="flavour=debugmodel is a Llama 3 of 6 layers, hidden 256"):
+        load_spec("llama3-8b-gpu", [*tiny, "model.num_layers=4"])
+
+
 def test_hsdp_pipeline_and_context_parallel_degrees():
     spec = load_spec("llama3-70b-gpu", ["backend.torchtitan.data_parallel_replicate=2", "parallel.pp=2", "parallel.cp=2",
                                         "backend.torchtitan.pipeline_schedule=Interleaved1F1B",
