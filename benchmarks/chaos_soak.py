@@ -19,9 +19,9 @@ of 2 and a global batch of 12 so that the run may go on with 2 nodes or 1 after 
 3. The soak: flow runs of the same spec and seed, one after another, for ``--minutes``, while the
    injector strikes at intervals drawn from ``--seed`` (uniform between a half and one and a half
    ``--fault-every-s``), the kinds in a seeded random order, each once before any repeats. The
-   defaults strike every kind once in 30 minutes (nine faults, three minutes apart on average), and
-   a flow run of 1000 steps spans a few of them, as a production run spans many: its start (the
-   flow, the job, the ranks' imports: about 25 s here) is paid once a run, not once a fault.
+   defaults strike about nine faults in 30 minutes, three minutes apart on average, and a flow
+   run of 1000 steps spans a few of them, as a production run spans many: its start (the flow,
+   the job, the ranks' imports: about 25 s here) is paid once a run, not once a fault.
 
    - ``rank``: one trainer rank SIGKILLed, on a node of the running job;
    - ``slurmd``: a node's slurmd SIGKILLed; once Slurm marks it down it is started again (a
