@@ -7,9 +7,11 @@ import contextlib
 import json
 import logging
 import os
+import re
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -328,27 +330,34 @@ def test_the_native_probe_checks_torch_and_the_device_it_is_asked_for(tmp_path):
     assert device_check["fix"] == "set backend.native.device, or use a partition whose nodes have it"
 
 
-@pytest.mark.pure
-@pytest.mark.parametrize("answer, final", [
-    # Slurm's error strings (src/common/slurm_errno.c) as sbatch prints them
-    ("Invalid partition name specified", True),
-    ("Requested node configuration is not available", True),
-    ("Socket timed out on send/recv operation", False),
+@pytest.mark.parametrize("case, answer, final", [
+    ("a partition the cluster lacks", "Invalid partition name specified", True),
+    ("more nodes than the cluster has", "More processors requested than permitted", True),
+    ("the controller unreachable", "Unable to contact slurm controller (connect failure)", False),
 ])
-def test_a_refused_submission_is_retried_only_when_the_cluster_may_accept_it(answer, final, tmp_path, monkeypatch):
-    """sbatch's refusal raises SubmissionRefused naming sbatch's words; the retry condition gives
-    up at once on a request the cluster refuses every time, and retries one that may pass."""
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    sbatch = bin_dir / "sbatch"  # the scheduler's answer, as the cluster gives it: on stderr, exit 1
-    sbatch.write_text(f"#!/bin/sh\necho 'sbatch: error: Batch job submission failed: {answer}' >&2\nexit 1\n")
-    sbatch.chmod(0o755)
-    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+def test_a_refused_submission_is_retried_only_when_the_cluster_may_accept_it(case, answer, final, local_stack,
+                                                                            tmp_path, monkeypatch):
+    """The local cluster's sbatch refuses a request; SubmissionRefused names its words, and the
+    retry condition gives up at once on a request the cluster refuses every time and retries one
+    that may pass (a controller that is restarting)."""
+    cluster, request = SLURM, JobRequest("refused", Command(["true"]), time_limit_min=2)
+    if case == "a partition the cluster lacks":
+        cluster = SlurmCluster(executor="slurm", partition="nosuch")
+    elif case == "more nodes than the cluster has":
+        request = replace(request, nodes=64)
+    else:  # the stack's settings with the controller on a port nothing listens on
+        conf = Path(local_stack["SLURM_CONF"]).read_text()
+        (tmp_path / "slurm.conf").write_text(conf.replace(f"SlurmctldPort={slurm_port(conf)}", "SlurmctldPort=1"))
+        monkeypatch.setenv("SLURM_CONF", str(tmp_path / "slurm.conf"))
     with pytest.raises(SubmissionRefused) as info:
-        submit(JobRequest("refused", Command(["true"]), time_limit_min=2), SLURM, tmp_path)
-    assert str(info.value).startswith(f"refused: sbatch refused the job: sbatch: error: Batch job submission failed: "
-                                      f"{answer}")
+        submit(request, cluster, tmp_path)
+    assert str(info.value).startswith("refused: sbatch refused the job: ") and answer in str(info.value)
     assert ("the cluster refuses this request every time" in str(info.value)) is final
     assert info.value.retryable is not final
     # what Prefect hands the retry condition: the failed state of the task that raised it
     assert retryable(None, None, Failed(data=info.value)) is not final
+
+
+def slurm_port(conf: str) -> str:
+    (port,) = re.findall(r"^SlurmctldPort=(\d+)$", conf, re.M)
+    return port
