@@ -80,10 +80,8 @@ def stage_request(spec: Any, name: str, command: Callable[[], Any], **shape: Any
     stop signal). Every task submits through
     this, and the dry run renders its sbatch scripts through it."""
     c, backend = spec.cluster, spec.backend
-    # On a cluster that schedules GPUs, a job sees none it did not ask for.
-    cuda = backend.kind == "megatron-lm" or (backend.kind == "native" and backend.native.device == "cuda")
     defaults = {"time_limit_min": c.time_limit_min, "nodes": c.nodes, "cpus_per_task": c.cpus_per_task,
-                "mem_gb": c.mem_gb, "gpus_per_node": c.devices_per_node if cuda else None}
+                "mem_gb": c.mem_gb, "gpus_per_node": c.devices_per_node if backend.cuda else None}
     return JobRequest(name, command, **{**defaults, **shape})
 
 

@@ -478,7 +478,12 @@ class NativeSpec(Restarts):
 # layers, hidden, heads, KV heads, vocabulary. The model is torchtitan's, so the spec's shape must
 # be the flavour's, or the loss curve and the HF weights would belong to another model.
 TORCHTITAN_FLAVOURS: dict[str, tuple[int, int, int, int, int]] = {
-    "debugmodel": (6, 256, 16, 16, 2048), "8B": (32, 4096, 32, 8, 128256), "70B": (80, 8192, 64, 8, 128256)}
+    "debugmodel": (6, 256, 16, 16, 2048), "1B": (16, 2048, 32, 8, 128256), "3B": (28, 3072, 24, 8, 128256),
+    "8B": (32, 4096, 32, 8, 128256), "70B": (80, 8192, 64, 8, 128256)}
+# The config functions torchtitan 0.3.0 publishes for them (torchtitan/models/llama3/config_registry.py);
+# the others the spec may name are this project's, built on torchtitan's (trainer/torchtitan_configs.py).
+TORCHTITAN_PUBLISHED = ("llama3_debugmodel", "llama3_debugmodel_float8", "llama3_8b", "llama3_70b")
+TORCHTITAN_OWN_CONFIGS = "trainer.torchtitan_configs"
 # The schedules torchtitan hands to torch.distributed.pipelining's get_schedule_class.
 PIPELINE_SCHEDULES = ("1F1B", "Interleaved1F1B", "GPipe", "LoopedBFS", "InterleavedZeroBubble", "ZBVZeroBubble")
 
@@ -489,15 +494,22 @@ class TorchtitanSpec(Restarts):
 
     device: Literal["cuda", "neuron"] = Field("cuda", description="cuda: NVIDIA GPUs; neuron: Trainium through "
                                               "TorchNeuron (AWS's torchtitan-neuron fork), one rank per NeuronCore.")
-    flavour: Literal["debugmodel", "8B", "70B"] = Field(description="torchtitan's Llama 3 model flavour; "
-                                                         "model.* must have its shape.")
+    flavour: Literal["debugmodel", "1B", "3B", "8B", "70B"] = Field(
+        description="torchtitan's Llama 3 model flavour; model.* must have its shape.")
     module: str = Field("llama3", description="--module: torchtitan's model module (torchtitan-neuron's is "
                         "torchtitan_neuron.models.llama3).")
-    config: str | None = Field(None, description="--config: the registry function; default llama3_<flavour> "
-                               "(llama3_debugmodel, llama3_8b, llama3_70b).")
+    config: str | None = Field(None, description="--config: the registry function; default llama3_<flavour>, "
+                               "with _float8 under float8 (torchtitan's, or this project's where torchtitan "
+                               "publishes none: trainer/torchtitan_configs.py).")
+    float8: bool = Field(False, description="The decoder's Linear layers in float8 (torchao's rowwise recipe, "
+                         "torchtitan's Float8LinearConverter): NVIDIA GPUs of compute capability 8.9 or later, "
+                         "torchao on the nodes.")
     data_parallel_replicate: int = Field(1, gt=0, description="HSDP replicas; the data-parallel ranks are "
                                          "sharded within each (data_parallel_shard_degree = dp / this).")
     pipeline_schedule: str = Field("1F1B", description=f"With parallel.pp > 1: one of {', '.join(PIPELINE_SCHEDULES)}.")
+    pipeline_microbatch_size: int = Field(1, gt=0, description="parallelism.pipeline_parallel_microbatch_size: "
+                                          "each rank's training.micro_batch_size runs through the pipeline in "
+                                          "microbatches of this many sequences.")
     activation_checkpointing: Literal["none", "selective", "full"] = "selective"
     compile: bool = Field(False, description="torch.compile the model (inductor; the neuron backend on Trainium).")
     async_checkpoint: Literal["disabled", "async", "async_with_pinned_mem"] = Field(
@@ -523,8 +535,21 @@ class TorchtitanSpec(Restarts):
         return value
 
     @property
-    def config_function(self) -> str:
-        return self.config or f"llama3_{self.flavour.lower()}"
+    def registry(self) -> tuple[str, str]:
+        """``--module`` and ``--config``: the spec's, else the flavour's function, torchtitan's
+        where it publishes one."""
+        if self.config:
+            return self.module, self.config
+        function = f"llama3_{self.flavour.lower()}" + ("_float8" if self.float8 else "")
+        if self.module == "llama3" and function not in TORCHTITAN_PUBLISHED:
+            return TORCHTITAN_OWN_CONFIGS, function
+        return self.module, function
+
+    @property
+    def pipeline_stages_per_rank(self) -> int:
+        """Stages each pipeline rank holds: two under the looped schedules, one under 1F1B and
+        GPipe (``_get_pipeline_metadata`` in torchtitan/distributed/pipeline_parallel.py)."""
+        return 1 if self.pipeline_schedule in ("1F1B", "GPipe") else 2
 
 
 class BackendSpec(Strict):
@@ -533,6 +558,13 @@ class BackendSpec(Strict):
     neuron: NeuronSpec | None = None
     megatron_lm: MegatronLMSpec | None = None
     torchtitan: TorchtitanSpec | None = None
+
+    @property
+    def cuda(self) -> bool:
+        """Whether the training's ranks run on NVIDIA GPUs: its jobs ask Slurm for them, since on a
+        cluster that schedules GPUs a job sees none it did not ask for."""
+        return (self.kind == "megatron-lm" or (self.kind == "native" and self.native.device == "cuda")
+                or (self.kind == "torchtitan" and self.torchtitan.device == "cuda"))
 
     @model_validator(mode="after")
     def _settings_for_kind(self) -> BackendSpec:
@@ -673,9 +705,10 @@ class PretrainSpec(Strict):
         # (``create_partitions`` in aws-neuron/neuronx-distributed
         # src/neuronx_distributed/pipeline/partition.py). Megatron-LM needs equal stages and reads
         # no pipeline_cuts.
-        if self.backend.kind != "neuron" and m.num_layers % p.pp:
+        # torchtitan cuts its own stages (_check_pipeline_schedule).
+        if self.backend.kind in ("native", "megatron-lm") and m.num_layers % p.pp:
             raise ValueError(f"model.num_layers={m.num_layers} is not divisible by parallel.pp={p.pp}: "
-                             "change pp (uneven stages are for backend.kind=neuron)")
+                             "change pp (uneven stages are for backend.kind=neuron and torchtitan)")
         if p.pipeline_cuts and len(p.pipeline_cuts) != p.pp - 1:
             raise ValueError(f"parallel.pipeline_cuts has {len(p.pipeline_cuts)} cuts; parallel.pp="
                              f"{p.pp} needs {p.pp - 1}")
@@ -771,6 +804,40 @@ class PretrainSpec(Strict):
         if titan.device == "neuron" and titan.async_checkpoint == "async_with_pinned_mem":
             raise ValueError("backend.torchtitan.async_checkpoint=async_with_pinned_mem pins CUDA host memory; "
                              "use async on device=neuron")
+        if titan.float8 and (titan.device == "neuron" or titan.module != "llama3"):
+            raise ValueError("backend.torchtitan.float8 needs device=cuda and torchtitan's own llama3 module: "
+                             "torchtitan's float8 runs torchao's kernels on NVIDIA GPUs of compute capability 8.9 "
+                             "or later; set float8=false")
+        if p.pp > 1:
+            self._check_pipeline_schedule()
+
+    def _check_pipeline_schedule(self) -> None:
+        """The microbatch and stage rules torchtitan's pipeline (``_get_pipeline_metadata`` and
+        ``_build_pipeline_schedule`` in torchtitan/distributed/pipeline_parallel.py) and
+        torch.distributed.pipelining's schedules (torch/distributed/pipelining/schedules.py) raise
+        on at the first step, on every rank."""
+        p, titan, local = self.parallel, self.backend.torchtitan, self.training.micro_batch_size
+        schedule, size = titan.pipeline_schedule, titan.pipeline_microbatch_size
+        where = f"backend.torchtitan.pipeline_schedule={schedule}, parallel.pp={p.pp}"
+        if local % size:
+            raise ValueError(f"training.micro_batch_size={local} is not divisible by backend.torchtitan."
+                             f"pipeline_microbatch_size={size}: torchtitan splits each rank's batch into "
+                             "microbatches of that size; change either")
+        microbatches, stages = local // size, p.pp * titan.pipeline_stages_per_rank
+        # the embedding and the output each count as one layer when the stages are cut
+        # (pipeline_parallel_first/last_stage_less_layers = 1)
+        if stages > self.model.num_layers + 2:
+            raise ValueError(f"{where}: {stages} stages ({titan.pipeline_stages_per_rank} a rank) for "
+                             f"{self.model.num_layers} layers leave stages empty; lower parallel.pp or use 1F1B")
+        if schedule == "1F1B" and microbatches < p.pp:
+            raise ValueError(f"{where}: 1F1B needs at least pp microbatches a step, and training.micro_batch_size="
+                             f"{local} / pipeline_microbatch_size={size} gives {microbatches}; raise "
+                             "training.micro_batch_size (and the global batch) or lower pp")
+        rounds = max(1, microbatches // p.pp)
+        if schedule in ("Interleaved1F1B", "InterleavedZeroBubble") and microbatches % rounds:
+            raise ValueError(f"{where}: {schedule} needs the {microbatches} microbatches a step to split evenly "
+                             f"into its {rounds} rounds (microbatches // pp); a multiple of pp always does: change "
+                             "training.micro_batch_size or pipeline_microbatch_size")
 
     def _check_heads(self) -> None:
         """The head rules of trainer/model_shape.py, as the backend's trainer or converter asks them."""

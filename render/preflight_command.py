@@ -20,4 +20,7 @@ def preflight_command(spec: PretrainSpec, record: str) -> list[str]:
         # An image the image stage builds does not exist yet when the probe runs; Megatron-LM is
         # in it by construction (render/image.py).
         return argv if backend.megatron_lm.image else argv + ["--megatron-path", str(Path(PRETRAIN_GPT).parent)]
+    if backend.kind == "torchtitan":
+        titan = backend.torchtitan
+        return argv + ["--device", titan.device, "--module", titan.registry[0]] + (["--float8"] if titan.float8 else [])
     return argv + ["--device", backend.native.device]

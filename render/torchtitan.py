@@ -30,7 +30,8 @@ def train_args(spec: PretrainSpec, data_dir: str, run_dir: str, init_from: str |
     ``init_from``: a local HF checkpoint directory (config.json + safetensors)."""
     m, p, t, titan = spec.model, spec.parallel, spec.training, spec.backend.torchtitan
     shard = spec.dp // titan.data_parallel_replicate
-    args = ["--module", titan.module, "--config", titan.config_function,
+    module, function = titan.registry
+    args = ["--module", module, "--config", function,
             "--hf-assets-path", str(spec.tokenizer.path), "--dump-folder", run_dir,
             "--training.steps", str(spec.training.steps), "--training.seq-len", str(m.seq_length),
             "--training.local-batch-size", str(t.micro_batch_size),
@@ -44,6 +45,7 @@ def train_args(spec: PretrainSpec, data_dir: str, run_dir: str, init_from: str |
             "--parallelism.data-parallel-shard-degree", str(shard),
             "--parallelism.tensor-parallel-degree", str(p.tp), "--parallelism.pipeline-parallel-degree", str(p.pp),
             "--parallelism.pipeline-parallel-schedule", titan.pipeline_schedule,
+            "--parallelism.pipeline-parallel-microbatch-size", str(titan.pipeline_microbatch_size),
             "--parallelism.context-parallel-degree", str(p.cp),
             "--dataloader.dataset", LOCAL_TEXT_DATASET, "--dataloader.dataset-path", data_dir,
             "--checkpoint.enable", "--checkpoint.folder", str(checkpoint_dir(run_dir)),

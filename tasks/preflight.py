@@ -54,11 +54,6 @@ class PreflightFailed(ClusterMismatch):
     pass
 
 
-def cuda_job(spec: PretrainSpec) -> bool:
-    """Whether the run's jobs ask Slurm for GPUs (jobs.slurm.stage_request)."""
-    return spec.backend.kind == "megatron-lm" or (spec.backend.kind == "native" and spec.backend.native.device == "cuda")
-
-
 def checkpoint_bytes(directory: Path) -> int:
     """The weights of a Hugging Face checkpoint directory, as the conversion reads them."""
     return sum(p.stat().st_size for p in directory.glob("*.safetensors")) if directory.is_dir() else 0
@@ -92,7 +87,7 @@ def partition_rows(spec: PretrainSpec, cluster: SlurmCluster) -> list[dict]:
     rows = [{"check": f"partition {partition.name}: nodes", "ok": ok,
              "found": f"{total} node(s), {usable} in service" + (f"; jobs of at most {limit} nodes" if limit else ""),
              "fix": "" if ok else f"cluster.nodes={c.nodes}: lower it, or choose a partition with that many nodes"}]
-    if cuda_job(spec) and not cluster.gres:
+    if spec.backend.cuda and not cluster.gres:
         enough = sum(gpus >= c.devices_per_node for gpus in partition.gpus.values())
         ok = enough >= c.nodes
         rows.append({"check": f"partition {partition.name}: GPUs", "ok": ok,
@@ -194,7 +189,7 @@ def preflight(spec: PretrainSpec, stages: list[str]) -> dict:
     settings = cluster.cluster if on_kubernetes else cluster
     argv = preflight_command(spec, "<record>")
     key = manifest.stable_hash({"block": spec.cluster.block, "cluster": settings.model_dump(mode="json"),
-                                "probe": argv, "nodes": spec.cluster.nodes, "gpus": cuda_job(spec)})[:16]
+                                "probe": argv, "nodes": spec.cluster.nodes, "gpus": spec.backend.cuda})[:16]
     work = Path(spec.paths.root) / "preflight" / key
     passed = work / "passed.json"
     last = json.loads(passed.read_text()) if passed.exists() else None

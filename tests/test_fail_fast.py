@@ -4,6 +4,7 @@ executor's refusals, pending reasons Slurm never satisfies, and the retry condit
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import json
 import logging
 import os
@@ -361,3 +362,27 @@ def test_a_refused_submission_is_retried_only_when_the_cluster_may_accept_it(cas
 def slurm_port(conf: str) -> str:
     (port,) = re.findall(r"^SlurmctldPort=(\d+)$", conf, re.M)
     return port
+
+
+@pytest.mark.pure
+def test_the_torchtitan_probe_checks_the_device_torchtitan_the_config_module_and_torchao(tmp_path):
+    """The probe as a torchtitan run's preflight renders it (the 1B flavour, float8: this project's
+    config module and torchao), run with CUDA hidden as a job without GPUs sees it."""
+    from render.preflight_command import preflight_command
+
+    spec = load_spec("llama3-8b-gpu", ["backend.torchtitan.flavour=1B", "model.num_layers=16", "model.hidden_size=2048",
+                                       "backend.torchtitan.float8=true", f"paths.root={tmp_path}"])
+    record = tmp_path / "probe.json"
+    argv = preflight_command(spec, str(record))
+    assert argv[argv.index("--module") + 1] == "trainer.torchtitan_configs" and "--float8" in argv
+    out = subprocess.run(argv, env={**os.environ, "CUDA_VISIBLE_DEVICES": ""}, capture_output=True, text=True, timeout=300)
+    rows = {row["check"]: row for row in json.loads(record.read_text())["checks"]}
+    assert out.returncode == 1 and not rows["device cuda"]["ok"]
+    assert rows["device cuda"]["fix"] == "set backend.torchtitan.device, or use a partition whose nodes have it"
+    assert rows["python module torchtitan"]["ok"] and rows["python module trainer.torchtitan_configs"]["ok"]
+    torchao = rows["python module torchao"]
+    assert torchao["ok"] == (importlib.util.find_spec("torchao") is not None)  # the float8 extra, not a test need
+    assert torchao["ok"] or "torchao==0.18.0" in torchao["fix"]
+    neuron = load_spec("llama3-70b-trn2-torchneuron", [f"paths.root={tmp_path}"])
+    argv = preflight_command(neuron, str(record))
+    assert argv[argv.index("--device") + 1:argv.index("--device") + 4] == ["neuron", "--module", "torchtitan_neuron.models.llama3"]

@@ -5,11 +5,14 @@ through ``ConfigManager.parse_args`` (the registry function, tyro's overrides, a
 from __future__ import annotations
 
 import pytest
-
+import torch
 from torchtitan.config import manager as config_manager
 from torchtitan.distributed.activation_checkpoint import FullAC, SelectiveAC
+from torchtitan.models.llama3 import config_registry, model_registry
 
 from pretrain.presets import SpecError, load_spec
+from pretrain.spec import TORCHTITAN_FLAVOURS, TORCHTITAN_PUBLISHED
+from trainer import torchtitan_configs
 from render.torchtitan import metrics_rank, torchrun_command, train_args
 from tasks.dry_run import render_files
 
@@ -61,6 +64,58 @@ def test_the_tiny_shape_renders_as_torchtitans_debug_model_on_one_gpu():
         load_spec("llama3-8b-gpu", [*tiny, "model.num_layers=4"])
 
 
+def shape(flavour: str) -> list[str]:
+    layers, hidden, heads, kv_heads, vocab = TORCHTITAN_FLAVOURS[flavour]
+    return [f"backend.torchtitan.flavour={flavour}", f"model.num_layers={layers}", f"model.hidden_size={hidden}",
+            f"model.num_attention_heads={heads}", f"model.num_kv_heads={kv_heads}", f"model.vocab_size={vocab}"]
+
+
+def test_the_flavour_shapes_the_spec_checks_are_torchtitans():
+    for flavour, (layers, hidden, heads, kv_heads, vocab) in TORCHTITAN_FLAVOURS.items():
+        model = model_registry(flavour).model
+        attention = model.layers[0].attention
+        assert (len(model.layers), model.dim, attention.n_heads, attention.n_kv_heads or attention.n_heads,
+                model.vocab_size) == (layers, hidden, heads, kv_heads, vocab), flavour
+    # the functions the spec takes from torchtitan are there, and this project's shadow none of them
+    assert all(callable(getattr(config_registry, name)) for name in TORCHTITAN_PUBLISHED)
+    own = [name for name in vars(torchtitan_configs) if name.startswith("llama3_")]
+    assert own and not [name for name in own if hasattr(config_registry, name)]
+
+
+def test_the_1b_flavour_has_no_torchtitan_function_and_trains_through_this_projects():
+    """The ~1B Llama the MFU target is set for: torchtitan 0.3.0 has its model (Llama 3.2 1B's
+    shape) but no config function, so the launch names trainer/torchtitan_configs.py's, which is
+    torchtitan's llama3_8b with that model; the spec's settings apply on top."""
+    spec = load_spec("llama3-8b-gpu", [*shape("1B"), "cluster.devices_per_node=1", "training.global_batch_size=4",
+                                       "training.micro_batch_size=4", "model.seq_length=2048"])
+    assert spec.backend.torchtitan.registry == ("trainer.torchtitan_configs", "llama3_1b")
+    config = parsed(spec, init_from=None)
+    assert (config.model_spec.flavor, config.model_spec.model.dim, len(config.model_spec.model.layers)) == ("1B", 2048, 16)
+    assert config.loss.loss_fn.global_vocab_size == 128256
+    assert (config.training.local_batch_size, config.training.seq_len, config.parallelism.data_parallel_shard_degree) == (4, 2048, 1)
+    with torch.device("meta"):
+        model = config.model_spec.model.build()
+    # 1.24 billion: the output projection shares the embedding's weights
+    assert round(sum(p.numel() for p in model.parameters()) / 1e9, 2) == 1.24
+    # the published flavours keep torchtitan's own function
+    assert load_spec("llama3-8b-gpu").backend.torchtitan.registry == ("llama3", "llama3_8b")
+
+
+def test_float8_goes_through_torchtitans_float8_converter_and_only_where_it_runs():
+    assert load_spec("llama3-8b-gpu", ["backend.torchtitan.float8=true"]).backend.torchtitan.registry == (
+        "trainer.torchtitan_configs", "llama3_8b_float8")
+    tiny = load_spec("llama3-8b-gpu", [*shape("debugmodel"), "backend.torchtitan.float8=true"])
+    assert tiny.backend.torchtitan.registry == ("llama3", "llama3_debugmodel_float8")  # torchtitan's own
+    linears = torchtitan_configs.float8_linears()
+    assert linears.recipe_name == "rowwise" and "lm_head" in linears.filter_fqns
+    # torchtitan builds the converter as it loads the function: on this CPU machine it refuses,
+    # in its own words, for want of torchao or of a GPU of compute capability 8.9
+    with pytest.raises((ImportError, ValueError), match="torchao is not installed|SM89"):
+        parsed(load_spec("llama3-8b-gpu", ["backend.torchtitan.float8=true"]))
+    with pytest.raises(SpecError, match="float8 needs device=cuda"):
+        load_spec("llama3-70b-trn2-torchneuron", ["backend.torchtitan.float8=true"])
+
+
 def test_hsdp_pipeline_and_context_parallel_degrees():
     spec = load_spec("llama3-70b-gpu", ["backend.torchtitan.data_parallel_replicate=2", "parallel.pp=2", "parallel.cp=2",
                                         "backend.torchtitan.pipeline_schedule=Interleaved1F1B",
@@ -95,6 +150,14 @@ def test_trn2_torchneuron_renders_a_rank_per_neuroncore_and_the_neuron_compiler(
     (["backend.torchtitan.checkpoint_keep=1"], "checkpoint_keep=1"),
     (["backend.torchtitan.pipeline_schedule=Zigzag"], "pipeline_schedule='Zigzag'"),
     (["data.json_keys=[body]"], "data.json_keys"),
+    # pipeline schedules, as torchtitan and torch.distributed.pipelining refuse them at the first step
+    (["parallel.pp=2", "training.micro_batch_size=1"], "1F1B needs at least pp microbatches a step"),
+    (["parallel.pp=2", "backend.torchtitan.pipeline_schedule=Interleaved1F1B", "training.micro_batch_size=5",
+      "training.global_batch_size=80"], "Interleaved1F1B needs the 5 microbatches a step to split evenly into its 2 rounds"),
+    (["parallel.pp=2", "training.micro_batch_size=6", "training.global_batch_size=96",
+      "backend.torchtitan.pipeline_microbatch_size=4"], "micro_batch_size=6 is not divisible"),
+    (["parallel.tp=1", "parallel.pp=64", "backend.torchtitan.pipeline_schedule=Interleaved1F1B",
+      "training.micro_batch_size=128", "training.global_batch_size=512"], "128 stages .2 a rank. for 80 layers"),
 ])
 def test_what_torchtitan_would_refuse_fails_before_anything_is_queued(override, message):
     with pytest.raises(SpecError, match=message):
@@ -106,3 +169,15 @@ def test_dry_run_shows_the_launch():
     assert "-m torchtitan.train --module llama3 --config llama3_8b" in files["torchrun.sh"]
     assert "--checkpoint.initial-load-in-hf" in files["torchrun.sh"] and "sbatch_train.sh" in files
     assert "hf://" not in files["torchrun.sh"]  # fetch brings the Hub's files to the shared disk first
+    # a job sees only the GPUs it asks Slurm for; TorchNeuron's ranks are NeuronCores, no GRES
+    assert "#SBATCH --gpus-per-node=8" in files["sbatch_train.sh"]
+    assert "--gpus-per-node" not in render_files(load_spec("llama3-70b-trn2-torchneuron"))["sbatch_train.sh"]
+
+
+def test_torchtitan_cuts_uneven_pipeline_stages_itself():
+    """80 layers over 3 stages of 1F1B: torchtitan weighs the embedding and the output as a layer
+    each and cuts 82 into 27, 27 and 28, so the spec takes a pp that does not divide the layers."""
+    spec = load_spec("llama3-70b-gpu", ["cluster.nodes=3", "parallel.tp=8", "parallel.pp=3", "training.micro_batch_size=4",
+                                        "training.global_batch_size=32"])
+    p = parsed(spec, init_from=None).parallelism
+    assert (p.pipeline_parallel_degree, p.pipeline_parallel_schedule, p.pipeline_parallel_microbatch_size) == (3, "1F1B", 1)

@@ -3,6 +3,7 @@
     python -m trainer preflight --backend neuron --devices 32 --examples-dir ~/neuronx-distributed-training/examples
     python -m trainer preflight --backend megatron-lm --devices 8 --megatron-path /workspace/Megatron-LM
     python -m trainer preflight --backend native --devices 8 --device cuda
+    python -m trainer preflight --backend torchtitan --devices 8 --device cuda --module llama3 --float8
 
 Run as a one-node job on the partition training will use, under the cluster's setup lines (its
 module loads and venv), before a many-node job is queued. Each check names what it found and, when
@@ -13,6 +14,7 @@ exit status is 1 when one failed.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import shutil
 import subprocess
 import sys
@@ -89,13 +91,37 @@ def native_checks(args: argparse.Namespace) -> list[dict]:
         device = resolve(args.device)
     except DeviceUnavailable as exc:
         return found + [check(f"device {args.device}", False, str(exc),
-                              "set backend.native.device, or use a partition whose nodes have it")]
+                              f"set backend.{args.backend}.device, or use a partition whose nodes have it")]
     count = torch.accelerator.device_count() if device.type != "cpu" else args.devices
     return found + [check(f"device {args.device}", count >= args.devices, f"{device.type}: {count} device(s)",
                           f"cluster.devices_per_node={args.devices}: lower it, or use nodes with that many")]
 
 
-CHECKS = {"neuron": neuron_checks, "megatron-lm": megatron_checks, "native": native_checks}
+def importable(name: str, fix: str) -> dict:
+    """Whether the nodes' Python finds the module ``name`` (not imported: torchtitan's import takes seconds)."""
+    try:
+        found = importlib.util.find_spec(name)
+    except ModuleNotFoundError:  # a parent package is missing
+        found = None
+    return check(f"python module {name}", found is not None, found.origin if found else "not found", fix)
+
+
+def torchtitan_checks(args: argparse.Namespace) -> list[dict]:
+    """The device, as for the native trainer, and what ``python -m torchtitan.train`` imports: torchtitan,
+    the config module ``--module`` names, and torchao for float8."""
+    fix = "install torchtitan (pip install torchtitan==0.3.0) in the Python the nodes run"
+    checks = [*native_checks(args), importable("torchtitan", fix)]
+    if args.module != "llama3":  # a short name of torchtitan's own models is found inside it
+        checks.append(importable(args.module, "install the package that provides it where the nodes run "
+                                 "(for device=neuron, AWS's torchtitan-neuron), or set backend.torchtitan.module"))
+    if args.float8:
+        checks.append(importable("torchao", "install torchao (this project's float8 extra: pip install torchao==0.18.0) "
+                                 "where the nodes run, or set backend.torchtitan.float8=false"))
+    return checks
+
+
+CHECKS = {"neuron": neuron_checks, "megatron-lm": megatron_checks, "native": native_checks,
+          "torchtitan": torchtitan_checks}
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -105,7 +131,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--examples-dir", help="neuron: NxDT's examples/ directory")
     p.add_argument("--megatron-path", help="megatron-lm: the Megatron-LM checkout (left out where the image "
                    "stage builds it into the training image)")
-    p.add_argument("--device", default="auto", help="native: the trainer's device (auto, cpu, cuda, neuron)")
+    p.add_argument("--device", default="auto", help="native, torchtitan: the ranks' device (auto, cpu, cuda, neuron)")
+    p.add_argument("--module", default="llama3", help="torchtitan: the config module its --module names")
+    p.add_argument("--float8", action="store_true", help="torchtitan: the run trains in float8 (torchao)")
     p.add_argument("--record", help="also write the record to this file")
     args = p.parse_args(argv)
     if args.backend == "neuron" and args.examples_dir is None:
