@@ -25,11 +25,11 @@ def gpt2_style(directory: Path, texts: list[str]) -> tuple[Path, Path]:
     return directory / "vocab.json", directory / "merges.txt"
 
 
-def llama3_style(directory: Path, texts: list[str]) -> Path:
+def llama3_style(directory: Path, texts: list[str], vocab_size: int = 4096) -> Path:
     """A tokenizer directory shaped like Llama 3's: BOS added by the post-processor, EOS in
-    tokenizer_config.json."""
+    tokenizer_config.json. ``vocab_size``: at most the model's (torchtitan's debugmodel has 2048)."""
     directory.mkdir(parents=True, exist_ok=True)
-    tok = _byte_level_bpe(texts, 4096, ["<|begin_of_text|>", "<|end_of_text|>"])
+    tok = _byte_level_bpe(texts, vocab_size, ["<|begin_of_text|>", "<|end_of_text|>"])
     bos = tok.token_to_id("<|begin_of_text|>")
     tok.post_processor = processors.TemplateProcessing(
         single="<|begin_of_text|> $A", pair="<|begin_of_text|> $A <|begin_of_text|> $B",

@@ -25,8 +25,15 @@ MASTER_PORT = 29500
 LOCAL_TEXT_DATASET = "c4_test"
 
 
+def loader_dir(run: Path) -> Path:
+    """The directory torchtitan's loader reads: the fetched files, linked there by the train task
+    (``loader_view`` in tasks/train_torchtitan.py)."""
+    return run / "dataset"
+
+
 def train_args(spec: PretrainSpec, data_dir: str, run_dir: str, init_from: str | None = None) -> list[str]:
-    """The overrides, in the order of torchtitan's sections. ``data_dir``: the fetched JSONL;
+    """The overrides, in the order of torchtitan's sections. ``data_dir``: the fetched JSONL, without
+    the fetch stage's manifest (:func:`loader_dir`);
     ``init_from``: a local HF checkpoint directory (config.json + safetensors)."""
     m, p, t, titan = spec.model, spec.parallel, spec.training, spec.backend.torchtitan
     shard = spec.dp // titan.data_parallel_replicate

@@ -85,7 +85,8 @@ def kubernetes_files(spec: PretrainSpec, cluster: KubernetesCluster, files: dict
     if spec.backend.kind == "megatron-lm":
         train = megatron_lm.node_command(spec, f"{DATASET}/data_text_document", Path(TRAIN_RUN))
     elif spec.backend.kind == "torchtitan":
-        train = torchtitan.node_command(spec, FETCHED, Path(TRAIN_RUN), spec.model.init_from)
+        train = torchtitan.node_command(spec, str(torchtitan.loader_dir(Path(TRAIN_RUN))), Path(TRAIN_RUN),
+                                        spec.model.init_from)
     elif spec.backend.kind == "native":
         train = Command(["bash", "-c", files["torchrun.sh"]], env=native.environment(spec))
     else:
@@ -145,7 +146,8 @@ def render_files(spec: PretrainSpec, cluster: SlurmCluster | KubernetesCluster |
         cluster = in_container(cluster, spec, f"{IMAGE_DIR}/{image.SQUASHFS}" if built else None)
     elif spec.backend.kind == "torchtitan":
         files["train_env.sh"] = _exports(torchtitan.environment(spec))
-        files["torchrun.sh"] = _shell(torchtitan.torchrun_command(spec, FETCHED, TRAIN_RUN, spec.model.init_from))
+        files["torchrun.sh"] = _shell(torchtitan.torchrun_command(spec, str(torchtitan.loader_dir(Path(TRAIN_RUN))),
+                                                                  TRAIN_RUN, spec.model.init_from))
     # One batch script per job the run submits, shaped as the tasks shape them.
     if "tokenize.sh" in files:
         files["sbatch_tokenize.sh"] = _sbatch(spec, site, "tokenize-<i>-of-<n>", nodes=1, gpus_per_node=None)

@@ -15,17 +15,36 @@ rendering and parsing.
 
 from __future__ import annotations
 
+import shutil
+from pathlib import Path
 from typing import Any
 
 from prefect import task
 
 from jobs.slurm import ends_cancelled, stage_request
+from pretrain import manifest
 from pretrain.spec import PretrainSpec
-from render.torchtitan import metrics_rank, node_command
+from render.torchtitan import loader_dir, metrics_rank, node_command
 from tasks.artifacts import retryable
 from tasks.attempts import MetricsFollower, finish_run, job_completed, run_attempts, run_dir
 from tasks.executor import cluster_for
 from trainer.run_layout import checkpoint_dir
+
+
+def loader_view(data_dir: Path, run: Path) -> Path:
+    """:func:`loader_dir` of ``run``: the fetched files without the fetch stage's manifest, each a link. The
+    loader torchtitan's ``c4_test`` entry uses, ``load_dataset(path, split="train")``, reads every
+    JSON file of a directory as data, and fails on MANIFEST.json ("An error occurred while
+    generating the dataset"); it reads no single file or glob. Made again for every run, so it
+    follows the fetch output the spec names now."""
+    view = loader_dir(run)
+    shutil.rmtree(view, ignore_errors=True)
+    for path in sorted(data_dir.rglob("*")):
+        relative = path.relative_to(data_dir)
+        if path.is_file() and path.name != manifest.MANIFEST and not any(p.startswith(".") for p in relative.parts):
+            (view / relative).parent.mkdir(parents=True, exist_ok=True)
+            (view / relative).symlink_to(path)
+    return view
 
 
 @task(name="train", retries=1, retry_delay_seconds=10, retry_condition_fn=retryable)
@@ -35,7 +54,7 @@ def train_torchtitan(spec: PretrainSpec, data_dir: str) -> dict[str, Any]:
     settings = spec.backend.torchtitan
     run = run_dir(spec, data_dir)
     run.mkdir(parents=True, exist_ok=True)
-    command = node_command(spec, data_dir, run, spec.model.init_from)
+    command = node_command(spec, str(loader_view(Path(data_dir), run)), run, spec.model.init_from)
     log = run / f"node-{metrics_rank(spec) // spec.cluster.devices_per_node}.log"
     follower = MetricsFollower(spec, log, spec.training.steps, settings.hang_timeout_min * 60,
                                devices_dir=run / "devices")
