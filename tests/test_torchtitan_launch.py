@@ -106,3 +106,11 @@ def test_dry_run_shows_the_launch():
     assert "-m torchtitan.train --module llama3 --config llama3_8b" in files["torchrun.sh"]
     assert "--checkpoint.initial-load-in-hf" in files["torchrun.sh"] and "sbatch_train.sh" in files
     assert "hf://" not in files["torchrun.sh"]  # fetch brings the Hub's files to the shared disk first
+
+
+def test_the_trainium_dry_run_renders_no_precompile_job():
+    """AWS documents no ahead-of-time compile for TorchNeuron (docs/render.md): the dry run shows
+    the training job alone, the plan the reason (tests/test_plan.py)."""
+    files = render_files(load_spec("llama3-70b-trn2-torchneuron"))
+    assert "sbatch_train.sh" in files and "torchrun.sh" in files
+    assert not [name for name in files if "precompile" in name], sorted(files)
