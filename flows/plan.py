@@ -17,7 +17,7 @@ from pathlib import Path
 from pretrain import manifest
 from pretrain.hub import hub_key_inputs, resolve_commit
 from pretrain.hub_refs import download_patterns, local_value, spec_references, with_local_values
-from pretrain.spec import PretrainSpec
+from pretrain.spec import PretrainSpec, TorchtitanSpec
 from tasks.convert import convert_key_inputs
 from tasks.fetch import fetch_key_inputs, hub_access, list_sources
 from tasks.tokenize import pretokenized, tokenize_key_inputs
@@ -26,7 +26,8 @@ from tasks.tokenize import pretokenized, tokenize_key_inputs
 @dataclass(frozen=True)
 class StagePlan:
     stage: str
-    action: str  # "reuse", "run", or "hand on" (a fetched dataset that is tokenized already)
+    action: str  # "reuse", "run", "hand on" (a fetched dataset that is tokenized already), or "skip"
+    #              (a stage the backend has no job for: the reason says what does its work instead)
     reason: str
     key: str = ""
     output: str = ""
@@ -74,6 +75,9 @@ def plan(spec: PretrainSpec) -> list[StagePlan]:
     stages, local = _hub_files(spec)
     fetch = _keyed(spec, "fetch", fetch_key_inputs(list_sources(spec)))
     stages.append(fetch)
+    if spec.backend.kind == "torchtitan":
+        # torchtitan's loader tokenizes the fetched JSONL as it reads it: the flow has no tokenize stage
+        return stages + _unkeyed(spec)
     if local is None:
         # the tokenizer or checkpoint the later keys are built from is not on disk yet
         stages.append(StagePlan("tokenize", "run", "files from the Hub are new: fetch runs first"))
@@ -99,9 +103,24 @@ def _unkeyed(spec: PretrainSpec) -> list[StagePlan]:
     if kind == "neuron" or (kind == "native" and spec.backend.native.compile):
         stages.append(StagePlan("precompile", "run", "fills the compile cache; graphs it holds already are "
                                 "served from it, not compiled again"))
+    elif kind == "torchtitan":
+        stages.append(StagePlan("precompile", "skip", _torchtitan_compiles(spec.backend.torchtitan)))
     stages.append(StagePlan("train", "run", "never cached: a new flow run trains afresh; a retry resumes "
                             "from its newest complete checkpoint"))
     return stages
+
+
+def _torchtitan_compiles(titan: TorchtitanSpec) -> str:
+    """Where a torchtitan run's graphs are compiled, since no precompile job does it: what AWS
+    documents for TorchNeuron has no ahead-of-time compile to run (docs/render.md)."""
+    if not titan.compile:
+        return "backend.torchtitan.compile=false: torch.compile is off, nothing to compile ahead"
+    if titan.device == "cuda":
+        return ("device=cuda: nothing to compile ahead; torch.compile (inductor) compiles each graph in the "
+                "training job, at its first steps")
+    return ("device=neuron: AWS documents no ahead-of-time compile for TorchNeuron (docs/render.md); "
+            "torch.compile(backend=neuron) compiles each graph at its first call, so the first training run "
+            "fills the NEFF cache")
 
 
 def plan_table(stages: list[StagePlan]) -> str:

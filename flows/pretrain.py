@@ -8,7 +8,8 @@
    NxD's Arrow blocks for NxDT's Llama configs); a fetched dataset tokenized already is handed on.
 3. convert: for continual pre-training on Trainium, the HF checkpoint to NxDT's shards.
 4. precompile: fill the compile cache on the nodes training will use (torch.compile warm-up on
-   the native backend, neuron_parallel_compile on the neuron backend).
+   the native backend, neuron_parallel_compile on the neuron backend; none for torchtitan, whose
+   first training run compiles: `pretrain plan` says why).
 5. image (Megatron-LM): build the training image on a node and import it to a squashfs for pyxis.
 6. train: torchrun on N nodes (the native trainer, NxDT's training orchestrator or Megatron-LM's
    pretrain_gpt.py), resumed from its newest checkpoint after any failure; the loss curve and
@@ -83,7 +84,8 @@ def run_stages(spec: PretrainSpec, stages: list[str] | None = None,
     if selected <= {"fetch"}:
         return outputs, stage.seconds
     if spec.backend.kind == "torchtitan":
-        # torchtitan's loader tokenizes the fetched JSONL as it reads it: no tokenize stage
+        # torchtitan's loader tokenizes the fetched JSONL as it reads it: no tokenize stage; and
+        # no precompile job, as AWS documents none for TorchNeuron (docs/render.md)
         if "train" in selected:
             outputs["train"] = stage("train", train_torchtitan, spec, data_dir)
         return outputs, stage.seconds

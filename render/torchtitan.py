@@ -84,7 +84,9 @@ def metrics_rank(spec: PretrainSpec) -> int:
 
 
 def environment(spec: PretrainSpec) -> dict[str, str]:
-    """On Trainium the Neuron compiler's cache, shared with the precompile stage."""
+    """On Trainium the Neuron compiler's persistent cache on the shared disk, where a later run would
+    find the graphs an earlier one compiled: no precompile job fills it, and whether TorchNeuron
+    reads this torch-xla-era variable is not documented (docs/render.md)."""
     if spec.backend.torchtitan.device == "neuron":
         return {"NEURON_COMPILE_CACHE_URL": compile_cache_dir(spec)}
     return {}

@@ -1,6 +1,7 @@
 """`pretrain plan` on the local stack: after fetch and tokenize ran (tokenize as Slurm jobs), a
 checkout at another commit that changed no writer (only the README) plans to reuse both; a
-changed tokenizer field plans tokenize again and says which field moved its key."""
+changed tokenizer field plans tokenize again and says which field moved its key. Without the
+stack: the torchtitan backend's plan has the flow's stages, and says why it has no precompile job."""
 
 from __future__ import annotations
 
@@ -10,8 +11,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from prefect import flow
 
+from flows.plan import plan, plan_table
 from flows.pretrain import run_stages
 from pretrain.presets import load_spec
 from test_formats import ASSETS
@@ -75,3 +78,29 @@ def test_a_commit_that_changes_no_writer_reuses_every_finished_stage(local_stack
     replanned = plan_in(checkout, *overrides, "tokenizer.append_eod=false")
     assert actions(replanned)["tokenize"] == "RUN" and actions(replanned)["fetch"] == "REUSE", replanned
     assert "changed since the newest output: tokenizer.append_eod: true -> false" in replanned
+
+
+def local_inputs(tmp_path: Path) -> list[str]:
+    """A local corpus and tokenizer, so that planning asks neither S3 nor the Hub."""
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    shutil.copy(ASSETS / "corpus.jsonl", corpus)
+    return [f"paths.root={tmp_path / 'root'}", f"data.sources=[{{uri: {corpus}/}}]", f"tokenizer.path={ASSETS / 'hf'}"]
+
+
+@pytest.mark.pure
+@pytest.mark.parametrize("preset, overrides, why", [
+    ("llama3-70b-trn2-torchneuron", [],
+     "device=neuron: AWS documents no ahead-of-time compile for TorchNeuron (docs/render.md); "
+     "torch.compile(backend=neuron) compiles each graph at its first call, so the first training run fills"),
+    ("llama3-70b-trn2-torchneuron", ["backend.torchtitan.compile=false"],
+     "backend.torchtitan.compile=false: torch.compile is off"),
+    ("llama3-8b-gpu", [],
+     "device=cuda: nothing to compile ahead; torch.compile (inductor) compiles each graph in the training job"),
+])
+def test_torchtitan_plans_the_flows_stages_and_says_who_compiles(tmp_path, preset, overrides, why):
+    """The flow runs no tokenize and no precompile job for torchtitan: the plan shows fetch and
+    train to run, no tokenize, and precompile skipped with where the graphs get compiled instead."""
+    table = plan_table(plan(load_spec(preset, [*local_inputs(tmp_path), *overrides])))
+    assert actions(table) == {"fetch": "RUN", "precompile": "SKIP", "train": "RUN"}, table
+    assert why in " ".join(table.split()), table

@@ -181,3 +181,11 @@ def test_torchtitan_cuts_uneven_pipeline_stages_itself():
                                         "training.global_batch_size=32"])
     p = parsed(spec, init_from=None).parallelism
     assert (p.pipeline_parallel_degree, p.pipeline_parallel_schedule, p.pipeline_parallel_microbatch_size) == (3, "1F1B", 1)
+
+
+def test_the_trainium_dry_run_renders_no_precompile_job():
+    """AWS documents no ahead-of-time compile for TorchNeuron (docs/render.md): the dry run shows
+    the training job alone, the plan the reason (tests/test_plan.py)."""
+    files = render_files(load_spec("llama3-70b-trn2-torchneuron"))
+    assert "sbatch_train.sh" in files and "torchrun.sh" in files
+    assert not [name for name in files if "precompile" in name], sorted(files)
