@@ -1,18 +1,19 @@
 #!/usr/bin/env bash
 # The checks that need a GPU, in one command, for a lent machine whose image has a CUDA PyTorch
-# but no internet: Megatron-LM through the rendered launch, the native trainer's throughput,
-# MFU and checkpoint stall, float8 against bf16, and resume. Each check has a time limit of its
+# but no internet: Megatron-LM and torchtitan through their rendered launches, the native trainer's
+# throughput, MFU and checkpoint stall, float8 against bf16, and resume. Each check has a time limit of its
 # own, so that one that hangs leaves the others their time; outputs go to $OUT (default ./gpu-checks).
 #
 #   benchmarks/gpu_checks.sh WHEELS_DIR MEGATRON_LM_DIR [CHECK ...]
 #
-# WHEELS_DIR: Python wheels of the trainer's needs that the image lacks (docs/benchmarks.md,
-# "Train on one GPU", lists them); MEGATRON_LM_DIR: Megatron-LM at tag core_v0.16.1. CHECK:
-# any of megatron-lm, gpu, float8, resume (default: all four, in that order).
+# WHEELS_DIR: Python wheels of the trainer's needs that the image lacks (DEVELOPERS.md lists
+# them); MEGATRON_LM_DIR: Megatron-LM at tag core_v0.16.1. CHECK: any of megatron-lm, gpu, float8,
+# resume, torchtitan-tiny, torchtitan-1b, torchtitan-1b-float8 (default: the first four, in that
+# order, then torchtitan-tiny and torchtitan-1b).
 set -u
 wheels=$(realpath "$1") megatron=$(realpath "$2")
 shift 2
-checks=("${@:-megatron-lm gpu float8 resume}")
+checks=("${@:-megatron-lm gpu float8 resume torchtitan-tiny torchtitan-1b}")
 out=${OUT:-$PWD/gpu-checks}
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1 TMPDIR=/dev/shm  # the 1.5B model's 18 GB checkpoints stay off a slow disk
@@ -43,6 +44,10 @@ for check in ${checks[*]}; do
         gpu) run gpu 240 python3 benchmarks/train_benchmark.py gpu --steps 36 --checkpoint-interval 12 ;;
         float8) run float8 200 python3 benchmarks/train_benchmark.py float8 --steps 60 --global-batch 8 ;;
         resume) run resume 180 python3 benchmarks/train_benchmark.py resume ;;
-        *) echo "unknown check $check: choose megatron-lm, gpu, float8 or resume"; exit 2 ;;
+        # torchrun from the image's Python; trainer.torchtitan_configs from the repository root
+        torchtitan-tiny) run torchtitan-tiny 180 python3 benchmarks/torchtitan_gpu.py tiny --steps 20 --keep-log "$out/torchtitan-tiny-node-0.log" ;;
+        torchtitan-1b) run torchtitan-1b 300 python3 benchmarks/torchtitan_gpu.py 1b --steps 60 --keep-log "$out/torchtitan-1b-node-0.log" ;;
+        torchtitan-1b-float8) run torchtitan-1b-float8 300 python3 benchmarks/torchtitan_gpu.py 1b --steps 60 --float8 ;;
+        *) echo "unknown check $check: choose megatron-lm, gpu, float8, resume, torchtitan-tiny, torchtitan-1b or torchtitan-1b-float8"; exit 2 ;;
     esac
 done

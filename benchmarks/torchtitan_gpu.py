@@ -1,0 +1,117 @@
+"""torchtitan trains on one GPU, launched as the torchtitan backend renders it, on text laid out
+as the fetch stage leaves it; its step lines become the loss curve, tokens/s and MFU.
+
+    python benchmarks/torchtitan_gpu.py tiny [--steps 20]
+    python benchmarks/torchtitan_gpu.py 1b [--steps 60] [--float8] [--set KEY=VALUE ...]
+
+Not a timing but the proof that belongs beside the benchmarks on a lent GPU, which the suite
+(CPU only) cannot make. What it runs, in order:
+
+1. a corpus of this machine's docstrings (``pretrain.corpus``) written as a fetch output, JSONL
+   beside its MANIFEST.json, and a Llama-3-style BPE trained on it (``pretrain.toy_tokenizers``):
+   nothing is downloaded;
+2. the ``llama3-8b-gpu`` preset on one GPU with the chosen flavour: ``tiny`` is torchtitan's
+   debugmodel (6 layers, hidden 256, vocabulary 2048), the backend's first launch; ``1b`` is the
+   1B flavour (Llama 3.2 1B's shape, 1.24 B parameters, through trainer/torchtitan_configs.py) at
+   the native trainer's benchmark shape (sequence 2048, batch 8), compiled, for MFU;
+3. the train task's loader view of the fetch output (``tasks.train_torchtitan.loader_view``) and
+   the node command ``render.torchtitan.node_command`` renders, run as a Slurm step would run it,
+   with ``NNODES=1 NODE_RANK=0 MASTER_ADDR=127.0.0.1``, from the repository root (where the nodes
+   import ``trainer.torchtitan_configs``);
+4. the node's log parsed by ``pretrain.log_parsers``, as the train task follows it.
+
+Exits non-zero unless torchtitan ended well and every step's line parsed with a loss. MFU is
+torchtitan's own (its FLOP count over the GPU's bf16 peak it looks up by name).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from pretrain import manifest  # noqa: E402
+from pretrain.corpus import corpus_texts, write_jsonl  # noqa: E402
+from pretrain.log_parsers import parse_log  # noqa: E402
+from pretrain.presets import load_spec  # noqa: E402
+from pretrain.spec import TORCHTITAN_FLAVOURS  # noqa: E402
+from pretrain.toy_tokenizers import llama3_style  # noqa: E402
+from render.torchtitan import node_command  # noqa: E402
+from tasks.train_torchtitan import loader_view  # noqa: E402
+
+CORPUS_BYTES = 8_000_000
+WARMUP_STEPS = 5  # compile and the allocator's first steps, left out of the medians
+SHAPES = {
+    "tiny": ("debugmodel", ["model.seq_length=2048", "training.micro_batch_size=8", "training.global_batch_size=8",
+                            "backend.torchtitan.compile=false"]),
+    "1b": ("1B", ["model.seq_length=2048", "training.micro_batch_size=8", "training.global_batch_size=8",
+                  "backend.torchtitan.compile=true", "backend.torchtitan.activation_checkpointing=none"]),
+}
+
+
+def spec_for(shape: str, work: Path, steps: int, tokenizer: Path, float8: bool, extra: list[str]):
+    flavour, settings = SHAPES[shape]
+    layers, hidden, heads, kv_heads, vocab = TORCHTITAN_FLAVOURS[flavour]
+    return load_spec("llama3-8b-gpu", [
+        f"backend.torchtitan.flavour={flavour}", f"model.num_layers={layers}", f"model.hidden_size={hidden}",
+        f"model.num_attention_heads={heads}", f"model.num_kv_heads={kv_heads}", f"model.vocab_size={vocab}",
+        *settings, "cluster.devices_per_node=1", f"training.train_steps={steps}", "training.warmup_steps=2",
+        f"training.checkpoint_interval={max(steps // 2, 1)}", "backend.torchtitan.log_freq=1",
+        f"backend.torchtitan.float8={str(float8).lower()}", f"tokenizer.path={tokenizer}", f"paths.root={work}",
+        *extra])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("shape", choices=sorted(SHAPES))
+    parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--float8", action="store_true", help="the decoder's Linear layers in float8 (torchao)")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="another spec override")
+    parser.add_argument("--keep-log", type=Path, help="copy the node's log here")
+    args = parser.parse_args()
+
+    work = Path(tempfile.mkdtemp(prefix=f"torchtitan-{args.shape}-"))
+    fetched = work / "fetched"
+    fetched.mkdir()
+    documents = write_jsonl(fetched / "corpus.jsonl", CORPUS_BYTES, include_site_packages=True)
+    manifest.write_manifest(fetched, "fetch", {"corpus": CORPUS_BYTES})
+    vocab = TORCHTITAN_FLAVOURS[SHAPES[args.shape][0]][4]
+    tokenizer = llama3_style(work / "tokenizer", corpus_texts(CORPUS_BYTES), vocab_size=min(vocab, 4096))
+    spec = spec_for(args.shape, work, args.steps, tokenizer, args.float8, args.set)
+    print(f"corpus: {documents} documents; torchtitan {spec.backend.torchtitan.registry}", flush=True)
+
+    run = work / "run"
+    command = node_command(spec, str(loader_view(fetched, run)), run)
+    env = {**os.environ, **command.env, "NNODES": "1", "NODE_RANK": "0", "MASTER_ADDR": "127.0.0.1",
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    print("launch:", command.argv[-1], flush=True)
+    returncode = subprocess.run(command.argv, env=env, cwd=ROOT).returncode
+    log = run / "node-0.log"
+    if args.keep_log and log.exists():
+        shutil.copy(log, args.keep_log)
+
+    points = parse_log(log.read_text(errors="replace") if log.exists() else "").points
+    with_loss = sorted(step for step, point in points.items() if "loss" in point)
+    print(f"torchtitan exit {returncode}; step lines with a loss: {len(with_loss)} of {args.steps}")
+    steady = [points[s] for s in with_loss if s > WARMUP_STEPS]
+    if steady:
+        def median(key: str) -> float:
+            return statistics.median(p[key] for p in steady if key in p) if any(key in p for p in steady) else float("nan")
+        first, last = points[with_loss[0]]["loss"], points[with_loss[-1]]["loss"]
+        print(f"loss {first:.3f} (step {with_loss[0]}) -> {last:.3f} (step {with_loss[-1]}); after step {WARMUP_STEPS}, "
+              f"medians: {median('tokens_per_s_per_device'):,.0f} tokens/s, MFU {median('mfu_pct'):.1f} %, "
+              f"{median('memory_gib'):.1f} GiB")
+    if returncode != 0 or with_loss != list(range(1, args.steps + 1)):
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()
