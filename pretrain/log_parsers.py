@@ -518,6 +518,23 @@ def parse_log(text: str, stream: MetricsStream | None = None) -> MetricsStream:
     return stream
 
 
+# The error a trainer's rank printed as it died: a Python exception's last line
+# ("torch.OutOfMemoryError: CUDA out of memory. ...") or a C++ exception's what() (the NCCL
+# watchdog's "Watchdog caught collective operation timeout: ..."), behind torchrun's "[rankN]:"
+# prefix. torchrun's own ChildFailedError only says that a rank failed.
+_RANK_ERROR = re.compile(r"^(?:\[\w+\]:)?\s*(?:what\(\):\s+(?P<what>\S.*)|(?P<raised>[\w.]*(?:Error|Exception): \S.*))$")
+
+
+def rank_error(text: str) -> str | None:
+    """The first error a rank printed in ``text`` (the root cause: what the others print after
+    it is their reaction), or None."""
+    for line in text.splitlines():
+        match = _RANK_ERROR.match(line.rstrip())
+        if match and "ChildFailedError" not in line:
+            return (match["what"] or match["raised"]).strip()
+    return None
+
+
 # Megatron-LM's tools/preprocess_data.py on stderr (``Partition.process_json_file``), and
 # ``trainer tokenize`` after it: "Processed 1000 documents (1234.5 docs/s, 2.1 MB/s).", the MB
 # being MiB (bytes / 1024 / 1024). gpt-neox's copy drives a tqdm counter whose redraws land right
