@@ -18,6 +18,7 @@ from pretrain.presets import load_spec
 from tasks.artifacts import artifact_key
 from tasks.train_torchtitan import train_torchtitan
 from kubernetes_api_server import RecordedApiServer, RecordedPod, Replay, recorded
+from kubernetes_schemas import invalid
 from public_logs import blocks
 
 # Not pure: the task publishes its progress and loss curve as Prefect artifacts (the harness's API).
@@ -59,9 +60,11 @@ def loss_points(spec_name: str) -> list[dict]:
 
 
 def test_a_torchtitan_run_that_died_of_an_nccl_timeout_resumes_and_reports_both_attempts(tmp_path):
-    """llama3-8b-gpu runs on one node: a batch Job of one pod. Attempt 1's Job fails (the recorded
-    Failed condition; its pod Failed) after its ranks printed steps 22-29 and the watchdog's
-    timeout; attempt 2's completes (the recorded Complete condition) after the resumed run printed steps 22-29 again and went on. The
+    """llama3-8b-gpu runs on one node of 8 GPUs: a PyTorchJob of one Master pod (a job with GPUs
+    is a PyTorchJob, render/kubernetes.py). Attempt 1's fails (the recorded Failed condition, as a
+    failed PyTorchJob has; its pod Failed) after its ranks printed steps 22-29 and the watchdog's
+    timeout; attempt 2's succeeds (the recorded PyTorchJob status) after the resumed run printed
+    steps 22-29 again and went on. The
     "kubelet" plays node 0 when each job is created: it appends the attempt's text to the log the
     job's command tees into (the pod's own log, which the API server streams, is the same text)."""
     first, second = attempt_logs()
@@ -69,7 +72,7 @@ def test_a_torchtitan_run_that_died_of_an_nccl_timeout_resumes_and_reports_both_
     teed = []
 
     def kubelet(body: dict) -> None:
-        (container,) = body["spec"]["template"]["spec"]["containers"]  # one node: a batch Job of one pod
+        (container,) = body["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"]
         run = re.search(r"tee -a (\S+)/node-\$NODE_RANK\.log", " ".join(container["command"])).group(1)
         log = f"{run}/node-0.log"  # the one node's NODE_RANK; it holds the metrics rank
         with open(log, "a") as f:
@@ -78,7 +81,8 @@ def test_a_torchtitan_run_that_died_of_an_nccl_timeout_resumes_and_reports_both_
 
     failed = Replay([recorded("job-status-running.json"), recorded("job-status-backoff-limit-exceeded.json")],
                     [RecordedPod("ip-10-0-1-1", {"phase": "Failed"})], first)
-    done = Replay([recorded("job-status-complete.yaml")], [RecordedPod("ip-10-0-1-1", {"phase": "Succeeded"})], second)
+    done = Replay([recorded("pytorchjob-status-succeeded.yaml")], [RecordedPod("ip-10-0-1-1", {"phase": "Succeeded"})],
+                  second)
     with RecordedApiServer([failed, done], kubelet=kubelet) as server:
         runbook_cluster().model_copy(update={"image": "torchtitan:0.3.0", "namespace": "training",
                                              "mount_path": str(tmp_path), "api_server": server.url}
@@ -88,6 +92,11 @@ def test_a_torchtitan_run_that_died_of_an_nccl_timeout_resumes_and_reports_both_
         result = train_torchtitan.fn(spec, str(tmp_path / "data"))
 
     assert len(server.created()) == 2 and teed[0] == teed[1]  # one log, appended to by both attempts
+    for body in server.created():  # one Master pod that asks for the node's 8 GPUs
+        assert body["kind"] == "PyTorchJob" and list(body["spec"]["pytorchReplicaSpecs"]) == ["Master"]
+        assert invalid(body) == []  # against training-operator v1.9.0's PyTorchJob CRD
+        (container,) = body["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"]
+        assert container["resources"]["limits"]["nvidia.com/gpu"] == "8"
     one, two = result["attempts"]
     assert one["outcome"].startswith("FAILED: ") and one["outcome"].endswith(f" -- {WATCHDOG}")
     assert (one["step"], one["nodes"]) == (29, "ip-10-0-1-1")
