@@ -124,7 +124,30 @@ def peak_flops(device: torch.device) -> float | None:
 
 
 # glibc mallopt(3) parameters (malloc.h).
-_M_TRIM_THRESHOLD, _M_MMAP_MAX = -1, -4
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD, _M_MMAP_MAX = -1, -3, -4
+# Requests at least this large get a mapping of their own while the model gets its values.
+_UNIT_MMAP_THRESHOLD = 256 * 1024
+
+
+def _glibc() -> ctypes.CDLL | None:
+    try:
+        return ctypes.CDLL("libc.so.6")
+    except OSError:  # not glibc (musl, macOS): their allocators keep their defaults
+        return None
+
+
+def return_freed_units() -> bool:
+    """While the model gets its values a unit at a time (model.materialize), give each unit's
+    full tensors back to the system as they are freed, so that a rank's host memory holds its
+    shards and one unit. glibc raises its mmap threshold to the size of every mapped chunk freed
+    (its dynamic threshold, up to 32 MiB), so from the second unit on the full tensors came from
+    the heap, where the shards kept between them left it fragmented: 2 to 4 layers of a 96-layer
+    model stayed resident (tests/test_train_loop.py). A fixed threshold, which turns the dynamic
+    one off, maps each large tensor afresh and unmaps it when freed. On the CPU
+    :func:`keep_freed_memory` takes over for the steps; on an accelerator it stays, the steps'
+    host tensors being few and small (a batch of token ids). Returns whether it applied."""
+    libc = _glibc()
+    return bool(libc and libc.mallopt(_M_MMAP_THRESHOLD, _UNIT_MMAP_THRESHOLD))
 
 
 def keep_freed_memory(device: torch.device) -> bool:
@@ -141,11 +164,8 @@ def keep_freed_memory(device: torch.device) -> bool:
     """
     if device.type != "cpu":
         return False
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-    except OSError:  # not glibc (musl, macOS): their allocators keep their defaults
-        return False
-    return bool(libc.mallopt(_M_MMAP_MAX, 0) and libc.mallopt(_M_TRIM_THRESHOLD, 2**31 - 1))
+    libc = _glibc()
+    return bool(libc and libc.mallopt(_M_MMAP_MAX, 0) and libc.mallopt(_M_TRIM_THRESHOLD, 2**31 - 1))
 
 
 def rng_states(device: torch.device) -> dict[str, torch.Tensor]:

@@ -91,7 +91,7 @@ class Trainer:
         self.device = devices.resolve(cfg.device)
         if cfg.parallel.float8:
             devices.check_float8(self.device)
-        devices.keep_freed_memory(self.device)
+        devices.return_freed_units()
         _init_distributed(self.device)
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
         mesh = build_mesh(self.device, self.world, cfg.parallel.tp)
@@ -101,6 +101,7 @@ class Trainer:
         self.model = models.build(cfg.model)  # on the meta device: split first, then given values
         self.sharded = parallelize(self.model, mesh, cfg, self.device)
         models.materialize(self.model, cfg.model, cfg.seed, self.device)
+        devices.keep_freed_memory(self.device)  # from here on the steps' tensors, not the units'
         # Unsharded, autocast gives the compute dtype that FSDP's mixed precision gives sharded.
         dtype = devices.compute_dtype(self.device, cfg.precision)
         self.autocast = torch.autocast(self.device.type, dtype=dtype, enabled=not self.sharded and dtype != torch.float32)

@@ -114,8 +114,8 @@ def materialize(model: torch.nn.Module, cfg: ModelConfig, seed: int, device: tor
     one generator seeded once, in the model's module order, by Hugging Face's own rules
     (``_init_weights``), or reading them from the checkpoint, and keeps its own piece of each.
     The values thus depend on the seed alone, whatever the data- and tensor-parallel layout, and
-    host memory holds a unit or two beyond the rank's shards (tests/test_train_loop.py measures
-    it). The price is that every rank draws (or reads) every value, as the whole-model build did;
+    host memory holds under one unit beyond the rank's shards, each unit's tensors unmapped as
+    they are freed (device.return_freed_units; tests/test_train_loop.py measures it). The price is that every rank draws (or reads) every value, as the whole-model build did;
     drawing only a shard's values on the device's generator would tie them to the layout and the
     device.
     """
