@@ -16,6 +16,7 @@ rendering, parsing and its attempt loop fed public torchtitan log text.
 
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 from typing import Any
@@ -44,8 +45,10 @@ def loader_view(data_dir: Path, run: Path) -> Path:
     for path in sorted(data_dir.rglob("*")):
         relative = path.relative_to(data_dir)
         if path.is_file() and path.name != manifest.MANIFEST and not any(p.startswith(".") for p in relative.parts):
-            (view / relative).parent.mkdir(parents=True, exist_ok=True)
-            (view / relative).symlink_to(path)
+            link = view / relative
+            link.parent.mkdir(parents=True, exist_ok=True)
+            # relative, so the link holds wherever a node mounts the shared disk
+            link.symlink_to(os.path.relpath(path, link.parent))
     return view
 
 

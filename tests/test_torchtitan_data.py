@@ -4,6 +4,8 @@ them (``Trainer.__init__`` in torchtitan/trainer.py), on this CPU."""
 
 from __future__ import annotations
 
+import os
+
 import datasets
 import pytest
 from torchtitan.config import manager as config_manager
@@ -42,6 +44,7 @@ def test_torchtitans_loader_reads_the_fetched_jsonl_and_not_the_fetch_manifest(t
     run = tmp_path / "run"
     view = loader_view(fetched, run)
     assert sorted(p.name for p in view.iterdir()) == ["corpus.jsonl"]
+    assert not os.readlink(view / "corpus.jsonl").startswith("/")  # holds wherever the disk is mounted
 
     inputs, labels = first_batch(config_manager.ConfigManager().parse_args(train_args(spec, str(view), str(run))))
     tokens = inputs["input"]
