@@ -23,4 +23,4 @@ def preflight_command(spec: PretrainSpec, record: str) -> list[str]:
     if backend.kind == "torchtitan":
         titan = backend.torchtitan
         return argv + ["--device", titan.device, "--module", titan.registry[0]] + (["--float8"] if titan.float8 else [])
-    return argv + ["--device", backend.native.device]
+    return argv + ["--device", backend.native.device] + (["--float8"] if backend.native.float8 else [])

@@ -379,10 +379,17 @@ def test_the_torchtitan_probe_checks_the_device_torchtitan_the_config_module_and
     rows = {row["check"]: row for row in json.loads(record.read_text())["checks"]}
     assert out.returncode == 1 and not rows["device cuda"]["ok"]
     assert rows["device cuda"]["fix"] == "set backend.torchtitan.device, or use a partition whose nodes have it"
+    assert "float8" not in rows  # asked of the device it would run on, which this node lacks
     assert rows["python module torchtitan"]["ok"] and rows["python module trainer.torchtitan_configs"]["ok"]
     torchao = rows["python module torchao"]
     assert torchao["ok"] == (importlib.util.find_spec("torchao") is not None)  # the float8 extra, not a test need
     assert torchao["ok"] or "torchao==0.18.0" in torchao["fix"]
+    # on a device without float8 tensor cores (this CPU), float8 is refused by name
+    out = subprocess.run([*argv[:argv.index("--device") + 1], "cpu", *argv[argv.index("--device") + 2:]],
+                         capture_output=True, text=True, timeout=300)
+    float8 = {row["check"]: row for row in json.loads(record.read_text())["checks"]}["float8"]
+    assert out.returncode == 1 and (float8["ok"], float8["found"]) == (False, "device cpu")
+    assert float8["fix"].startswith("set backend.torchtitan.float8=false, or use a partition whose GPUs have float8")
     neuron = load_spec("llama3-70b-trn2-torchneuron", [f"paths.root={tmp_path}"])
     argv = preflight_command(neuron, str(record))
     assert argv[argv.index("--device") + 1:argv.index("--device") + 4] == ["neuron", "--module", "torchtitan_neuron.models.llama3"]

@@ -83,7 +83,7 @@ def native_checks(args: argparse.Namespace) -> list[dict]:
     try:
         import torch
 
-        from trainer.train.device import DeviceUnavailable, resolve
+        from trainer.train.device import DeviceUnavailable, float8_missing, resolve
     except ImportError as exc:
         return [check("torch", False, str(exc), "install this project (with torch) in the Python the nodes run")]
     found = [check("torch", True, f"{torch.__version__} ({sys.executable})")]
@@ -93,8 +93,14 @@ def native_checks(args: argparse.Namespace) -> list[dict]:
         return found + [check(f"device {args.device}", False, str(exc),
                               f"set backend.{args.backend}.device, or use a partition whose nodes have it")]
     count = torch.accelerator.device_count() if device.type != "cpu" else args.devices
-    return found + [check(f"device {args.device}", count >= args.devices, f"{device.type}: {count} device(s)",
-                          f"cluster.devices_per_node={args.devices}: lower it, or use nodes with that many")]
+    found.append(check(f"device {args.device}", count >= args.devices, f"{device.type}: {count} device(s)",
+                       f"cluster.devices_per_node={args.devices}: lower it, or use nodes with that many"))
+    if args.float8:
+        missing = float8_missing(device)
+        found.append(check("float8", missing is None, missing or torch.cuda.get_device_name(device),
+                           f"set backend.{args.backend}.float8=false, or use a partition whose GPUs have float8 "
+                           "tensor cores (compute capability 8.9 or later: L40S, H100, H200, B200)"))
+    return found
 
 
 def importable(name: str, fix: str) -> dict:
@@ -133,7 +139,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    "stage builds it into the training image)")
     p.add_argument("--device", default="auto", help="native, torchtitan: the ranks' device (auto, cpu, cuda, neuron)")
     p.add_argument("--module", default="llama3", help="torchtitan: the config module its --module names")
-    p.add_argument("--float8", action="store_true", help="torchtitan: the run trains in float8 (torchao)")
+    p.add_argument("--float8", action="store_true", help="native, torchtitan: the run trains in float8 (torchao)")
     p.add_argument("--record", help="also write the record to this file")
     args = p.parse_args(argv)
     if args.backend == "neuron" and args.examples_dir is None:

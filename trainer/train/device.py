@@ -43,12 +43,19 @@ def resolve(name: str) -> torch.device:
     return torch.device(name, index)
 
 
-def check_float8(device: torch.device) -> None:
-    """Float8 matmuls (``torch._scaled_mm``) need float8 tensor cores: CUDA compute capability 8.9 or later."""
+def float8_missing(device: torch.device) -> str | None:
+    """Float8 matmuls (``torch._scaled_mm``) need float8 tensor cores, CUDA compute capability 8.9
+    or later: None where ``device`` has them, else what it is."""
     capability = torch.cuda.get_device_capability(device) if device.type == "cuda" else None
-    if capability is None or capability < (8, 9):
-        found = f"{torch.cuda.get_device_name(device)} (compute capability {capability[0]}.{capability[1]})" \
-            if capability else f"device {device.type}"
+    if capability is not None and capability >= (8, 9):
+        return None
+    if capability is None:
+        return f"device {device.type}"
+    return f"{torch.cuda.get_device_name(device)} (compute capability {capability[0]}.{capability[1]})"
+
+
+def check_float8(device: torch.device) -> None:
+    if (found := float8_missing(device)) is not None:
         raise DeviceUnavailable(f"float8 training needs an NVIDIA GPU of compute capability 8.9 or later (L40S, H100, "
                                 f"H200, B200); this rank has {found}: set backend.native.float8=false or run on such a GPU")
 
