@@ -36,8 +36,11 @@ def distributed_environment() -> dict[str, str]:
     torch.distributed read, from the Slurm (or submitit local) task environment."""
     job = submitit.JobEnvironment()
     tasks_per_node = job.num_tasks // max(job.num_nodes, 1)
-    # A fixed port per job: every node derives the same one without talking to the others.
-    port = 20000 + zlib.crc32(str(job.job_id).encode()) % 20000
+    # A fixed port per job: every node derives the same one without talking to the others. Below
+    # Linux's ephemeral range (ip_local_port_range, 32768-60999 by default), where outgoing
+    # connections and servers bound to port 0 take theirs: one such port already held by another
+    # process failed a job's torchrun with EADDRINUSE.
+    port = 20000 + zlib.crc32(str(job.job_id).encode()) % 12768
     return {
         "MASTER_ADDR": job.hostnames[0],
         "MASTER_PORT": os.environ.get("MASTER_PORT", str(port)),

@@ -95,6 +95,31 @@ def test_time_limit_is_required():
         JobRequest("x", Command(["true"]))  # type: ignore[call-arg]
 
 
+@pytest.mark.pure
+def test_every_node_derives_one_master_port_below_the_ephemeral_range(monkeypatch):
+    """Outgoing connections and servers bound to port 0 take ports from Linux's ephemeral range: a
+    job's master port there was once held by another process, and torchrun failed (EADDRINUSE)."""
+    from jobs.node import distributed_environment
+
+    low = int(open("/proc/sys/net/ipv4/ip_local_port_range").read().split()[0])
+    monkeypatch.delenv("MASTER_PORT", raising=False)
+    for variable, value in (("SUBMITIT_EXECUTOR", "local"), ("SUBMITIT_LOCAL_NTASKS", "2"),
+                            ("SUBMITIT_LOCAL_JOB_NUM_NODES", "2"), ("SUBMITIT_LOCAL_GLOBALID", "0"),
+                            ("SUBMITIT_LOCAL_LOCALID", "0")):
+        monkeypatch.setenv(variable, value)
+    ports = set()
+    for job_id in range(1, 2000):
+        monkeypatch.setenv("SUBMITIT_LOCAL_JOB_ID", str(job_id))
+        by_node = set()
+        for node in ("0", "1"):
+            monkeypatch.setenv("SUBMITIT_LOCAL_NODEID", node)
+            by_node.add(int(distributed_environment()["MASTER_PORT"]))
+        assert len(by_node) == 1  # both nodes agree without talking
+        ports |= by_node
+    assert 1024 < min(ports) and max(ports) < low, (min(ports), max(ports), low)
+    assert len(ports) > 1500  # spread: two jobs on one host rarely meet
+
+
 # ---------------------------------------------------------------- real cluster
 
 
