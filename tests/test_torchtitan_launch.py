@@ -8,6 +8,8 @@ import pytest
 import torch
 from torchtitan.config import manager as config_manager
 from torchtitan.distributed.activation_checkpoint import FullAC, SelectiveAC
+from torchtitan.components.quantization.utils import module_filter_fn
+from torchtitan.models.common import Linear
 from torchtitan.models.llama3 import config_registry, model_registry
 
 from pretrain.presets import SpecError, load_spec
@@ -112,8 +114,14 @@ def test_float8_goes_through_torchtitans_float8_converter_and_only_where_it_runs
         "trainer.torchtitan_configs", "llama3_8b_float8")
     tiny = load_spec("llama3-8b-gpu", [*shape("debugmodel"), "backend.torchtitan.float8=true"])
     assert tiny.backend.torchtitan.registry == ("llama3", "llama3_debugmodel_float8")  # torchtitan's own
+    # what torchtitan's converter would swap, by its own filter: every Linear of the decoder's
+    # layers, not the output projection
     linears = torchtitan_configs.float8_linears()
-    assert linears.recipe_name == "rowwise" and "lm_head" in linears.filter_fqns
+    assert linears.recipe_name == "rowwise"
+    converted = {fqn.split(".")[-1] if fqn.startswith("layers.") else fqn
+                 for fqn, config, _, _ in model_registry("8B").model.traverse(Linear.Config)
+                 if module_filter_fn(config, fqn, linears.filter_fqns)}
+    assert converted == {"wqkv", "wo", "w1", "w2", "w3"}, converted
     # torchtitan builds the converter as it loads the function: on this CPU machine it refuses,
     # in its own words, for want of torchao or of a GPU of compute capability 8.9
     with pytest.raises((ImportError, ValueError), match="torchao is not installed|SM89"):

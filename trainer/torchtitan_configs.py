@@ -23,9 +23,10 @@ from torchtitan.trainer import Trainer
 def float8_linears() -> Float8LinearConverter.Config:
     """torchao's rowwise float8 recipe for the decoder's Linear layers. The output projection stays
     in bf16, as torchtitan's own float8 function for 405B leaves it (``filter_fqns=["lm_head"]``):
-    the 1B and 3B flavours tie it to the embedding. ``auto_filter_small_kn`` skips the layers too
-    small to gain (torchtitan/components/quantization/float8.md)."""
-    return Float8LinearConverter.Config(recipe_name="rowwise", filter_fqns=["lm_head", "auto_filter_small_kn"])
+    the 1B and 3B flavours tie it to the embedding. Not ``auto_filter_small_kn``: torchao's
+    filter behind it (``_auto_filter_for_rowwise``) passes only ``nn.Linear`` modules, and
+    torchtitan 0.3.0 hands its filter ``Linear.Config`` objects, so it would convert nothing."""
+    return Float8LinearConverter.Config(recipe_name="rowwise", filter_fqns=["lm_head"])
 
 
 def with_flavour(config: Trainer.Config, flavour: str, float8: bool = False) -> Trainer.Config:
