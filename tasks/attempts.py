@@ -25,7 +25,7 @@ from tasks.executor import (NODE_STATES, Cluster, excluded_after, failure_nodes,
 from jobs.slurm import JobRequest, SlurmJobFailed, _logger
 from pretrain import manifest
 from pretrain.device_samples import DeviceSamples
-from pretrain.log_parsers import MetricsStream, parse_log
+from pretrain.log_parsers import MetricsStream, parse_log, rank_error
 from pretrain.loss_curve import metrics_summary
 from pretrain.spec import PretrainSpec
 from tasks.train_artifacts import publish_devices, publish_loss_curve, publish_progress
@@ -161,6 +161,32 @@ class Attempts:
 
 
 COMPLETED = "completed"  # the outcome of an attempt whose job ended well
+
+
+class AppendedLog:
+    """A node log that every attempt appends to (torchrun's output through ``tee -a``, as the
+    torchtitan and Megatron-LM launches keep it). The outcome of an attempt that failed names the
+    first error a rank printed during that attempt (``log_parsers.rank_error``), where the job's
+    end says only that torchrun exited 1. :meth:`submitting` and :meth:`explain` are
+    ``run_attempts``' ``prepare`` and ``explain``."""
+
+    def __init__(self, path: Path):
+        self.path, self.start = path, 0
+
+    def submitting(self, request: JobRequest) -> Callable[[int], JobRequest]:
+        """Each attempt submits ``request``, its lines starting where the log ends now."""
+        def prepare(attempt: int) -> JobRequest:
+            self.start = self.path.stat().st_size if self.path.exists() else 0
+            return request
+        return prepare
+
+    def explain(self, outcome: str) -> str:
+        if outcome == COMPLETED or not self.path.exists():
+            return outcome
+        with open(self.path, "rb") as f:
+            f.seek(self.start)
+            error = rank_error(f.read().decode(errors="replace"))
+        return f"{outcome} -- {error}" if error else outcome
 
 
 def job_completed(outcome: str) -> bool:

@@ -23,13 +23,12 @@ from typing import Any
 
 from prefect import task
 
-from jobs.slurm import JobRequest, ends_cancelled, stage_request
+from jobs.slurm import ends_cancelled, stage_request
 from pretrain import manifest
-from pretrain.log_parsers import rank_error
 from pretrain.spec import PretrainSpec
 from render.torchtitan import loader_dir, metrics_rank, node_command
 from tasks.artifacts import retryable
-from tasks.attempts import COMPLETED, MetricsFollower, finish_run, job_completed, run_attempts, run_dir
+from tasks.attempts import AppendedLog, MetricsFollower, finish_run, job_completed, run_attempts, run_dir
 from tasks.executor import cluster_for
 from trainer.run_layout import checkpoint_dir
 
@@ -64,22 +63,9 @@ def train_torchtitan(spec: PretrainSpec, data_dir: str) -> dict[str, Any]:
     follower = MetricsFollower(spec, log, spec.training.steps, settings.hang_timeout_min * 60,
                                devices_dir=run / "devices")
     request = stage_request(spec, f"{spec.name}-train", command)
-    # tee appends every attempt to the same log: an attempt's own lines start where it stood
-    attempt_start = [0]
-
-    def prepare(attempt: int) -> JobRequest:
-        attempt_start[0] = log.stat().st_size if log.exists() else 0
-        return request
-
-    def explain(outcome: str) -> str:
-        if outcome == COMPLETED or not log.exists():
-            return outcome
-        with open(log, "rb") as f:
-            f.seek(attempt_start[0])
-            error = rank_error(f.read().decode(errors="replace"))
-        return f"{outcome} -- {error}" if error else outcome
-
-    attempts = run_attempts(spec, cluster_for(spec), follower, settings.max_restarts, prepare, explain=explain)
+    appended = AppendedLog(log)
+    attempts = run_attempts(spec, cluster_for(spec), follower, settings.max_restarts, appended.submitting(request),
+                            explain=appended.explain)
     return finish_run(spec, follower, attempts, job_completed(attempts.history[-1]["outcome"]), [],
                       status="finished", step=max(follower.stream.points, default=0), run_dir=str(run),
                       checkpoint=str(checkpoint_dir(run)))

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from tqdm import tqdm
 
-from pretrain.log_parsers import parse_log, preprocess_progress
+from pretrain.log_parsers import parse_log, preprocess_progress, rank_error
 from public_logs import blocks
 
 pytestmark = pytest.mark.pure  # no stack, no Prefect API: `make check` runs it
@@ -507,3 +507,31 @@ def test_preprocess_progress_keeps_the_srun_task_that_printed_it(prefix, labels)
     assert preprocess_progress(line) == {"documents": 1000, "docs_per_s": 1234.5, "mib_per_s": 2.1, **labels}
     assert preprocess_progress(line[:-1]) is None  # torn before its final "."
     assert preprocess_progress("Processed 1000 samples") is None
+
+
+def test_an_appended_node_log_names_each_failed_attempts_own_error(tmp_path):
+    """Megatron-LM's node log, appended to by every attempt (``tee -a``): an attempt that died of
+    the NCCL watchdog (NVIDIA/Megatron-LM#935) is named by the rank's what(); a whole real run's
+    log (this project's H100 run: warnings, arguments, 60 iterations) holds no error; a later
+    attempt that failed without printing one is not named by the earlier attempt's."""
+    from jobs.slurm import JobRequest
+    from jobs.node import Command
+    from tasks.attempts import COMPLETED, AppendedLog
+
+    real_run = (Path(__file__).parent / "assets/logs/megatron-lm-0.16.1-h100.log").read_text()
+    (_, died), = blocks("megatron-lm-failure-public.txt")
+    log = tmp_path / "node-1.log"
+    appended = AppendedLog(log)
+    prepare = appended.submitting(request := JobRequest("gpt-train", Command(["torchrun"]), 60))
+    attempts = [real_run[:len(real_run) // 2] + "\n".join(died) + "\n", real_run, "srun: error: node2: task 1: Killed\n"]
+    outcomes = ["FAILED: job 7 ended FAILED with exit code 1:0", COMPLETED, "FAILED: job 9 ended FAILED with exit code 1:0"]
+    explained = []
+    for attempt, (text, outcome) in enumerate(zip(attempts, outcomes)):
+        assert prepare(attempt) is request
+        with open(log, "a") as f:
+            f.write(text)
+        explained.append(appended.explain(outcome))
+    watchdog = died[1].split("what():", 1)[1].strip()
+    assert explained[0] == f"{outcomes[0]} -- {watchdog}"
+    assert explained[1:] == outcomes[1:]
+    assert rank_error(real_run) is None  # no warning or argument line of a real run reads as an error
