@@ -145,9 +145,21 @@ class MetricsStream:
     # in the order drawn, each with the step it ran at.
     loop_bars: list[dict[str, float | str]] = field(default_factory=list)
 
+    # Steps an earlier attempt reported, which the attempt now running has not reported yet.
+    earlier: set[int] = field(default_factory=set)
+
+    def new_attempt(self) -> None:
+        """A resubmitted run reports its steps after the checkpoint again: its first report of
+        each replaces the earlier attempt's, whose values (an MFU the new line leaves out, say)
+        no longer describe the run."""
+        self.earlier = set(self.points)
+
     def add(self, step: int, metrics: dict[str, float | str]) -> None:
-        # Progress bars repeat the same step between log intervals: the last report wins.
-        self.points[step] = {"step": step, **self.points.get(step, {}), **metrics}
+        # Progress bars repeat the same step between log intervals: the last report wins, and a
+        # report without some field keeps that field's earlier value from the same attempt.
+        kept = {} if step in self.earlier else self.points.get(step, {})
+        self.earlier.discard(step)
+        self.points[step] = {"step": step, **kept, **metrics}
 
     def as_list(self) -> list[dict[str, float | str]]:
         return [self.points[s] for s in sorted(self.points)]

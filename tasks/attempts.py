@@ -118,8 +118,10 @@ class MetricsFollower:
                 **self.devices.figures()}
 
     def restart(self) -> None:
-        """A new attempt: its start-up (and resume) is not a hang."""
+        """A new attempt: its start-up (and resume) is not a hang, and the steps it reports again
+        replace the earlier attempt's."""
         self.last_advance = self.clock()
+        self.stream.new_attempt()
 
     def poll(self, started: bool = True) -> None:
         """``started``: whether the job has left the queue; only then can the run hang."""

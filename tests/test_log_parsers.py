@@ -535,3 +535,22 @@ def test_an_appended_node_log_names_each_failed_attempts_own_error(tmp_path):
     assert explained[0] == f"{outcomes[0]} -- {watchdog}"
     assert explained[1:] == outcomes[1:]
     assert rank_error(real_run) is None  # no warning or argument line of a real run reads as an error
+
+
+def test_a_resubmitted_attempts_report_of_a_step_replaces_the_earlier_attempts():
+    """Within an attempt a later report of a step adds to the earlier one (progress bars print a
+    step's fields over several updates); once the run is resubmitted, its first report of a step
+    it had reached before replaces that step's values whole: an MFU the new line leaves out
+    (torchtitan's uncounted "mfu: 0.00%") must not survive from the attempt that died."""
+    from pretrain.log_parsers import MetricsStream
+
+    stream = MetricsStream()
+    stream.new_attempt()
+    stream.add(22, {"loss": 2.91, "mfu_pct": 1.86})
+    stream.add(22, {"tokens_per_s_per_device": 193831.0})  # the same attempt: merged
+    assert stream.points[22] == {"step": 22, "loss": 2.91, "mfu_pct": 1.86, "tokens_per_s_per_device": 193831.0}
+    stream.new_attempt()
+    stream.add(22, {"loss": 2.92})
+    stream.add(22, {"grad_norm": 0.83})  # the new attempt's second update of the step merges again
+    stream.add(23, {"loss": 2.90})
+    assert stream.as_list() == [{"step": 22, "loss": 2.92, "grad_norm": 0.83}, {"step": 23, "loss": 2.90}]
