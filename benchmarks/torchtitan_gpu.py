@@ -42,7 +42,7 @@ from pretrain import manifest  # noqa: E402
 from pretrain.corpus import corpus_texts, write_jsonl  # noqa: E402
 from pretrain.log_parsers import parse_log  # noqa: E402
 from pretrain.presets import load_spec  # noqa: E402
-from pretrain.spec import TORCHTITAN_FLAVOURS  # noqa: E402
+from pretrain.spec import TORCHTITAN_FLAVOURS, flavour_overrides  # noqa: E402
 from pretrain.toy_tokenizers import llama3_style  # noqa: E402
 from render.torchtitan import node_command  # noqa: E402
 from tasks.train_torchtitan import loader_view  # noqa: E402
@@ -59,11 +59,8 @@ SHAPES = {
 
 def spec_for(shape: str, work: Path, steps: int, tokenizer: Path, float8: bool, extra: list[str]):
     flavour, settings = SHAPES[shape]
-    layers, hidden, heads, kv_heads, vocab = TORCHTITAN_FLAVOURS[flavour]
     return load_spec("llama3-8b-gpu", [
-        f"backend.torchtitan.flavour={flavour}", f"model.num_layers={layers}", f"model.hidden_size={hidden}",
-        f"model.num_attention_heads={heads}", f"model.num_kv_heads={kv_heads}", f"model.vocab_size={vocab}",
-        *settings, "cluster.devices_per_node=1", f"training.train_steps={steps}", "training.warmup_steps=2",
+        *flavour_overrides(flavour), *settings, "cluster.devices_per_node=1", f"training.train_steps={steps}", "training.warmup_steps=2",
         f"training.checkpoint_interval={max(steps // 2, 1)}", "backend.torchtitan.log_freq=1",
         f"backend.torchtitan.float8={str(float8).lower()}", f"tokenizer.path={tokenizer}", f"paths.root={work}",
         *extra])

@@ -480,6 +480,15 @@ class NativeSpec(Restarts):
 TORCHTITAN_FLAVOURS: dict[str, tuple[int, int, int, int, int]] = {
     "debugmodel": (6, 256, 16, 16, 2048), "1B": (16, 2048, 32, 8, 128256), "3B": (28, 3072, 24, 8, 128256),
     "8B": (32, 4096, 32, 8, 128256), "70B": (80, 8192, 64, 8, 128256)}
+
+
+def flavour_overrides(flavour: str) -> list[str]:
+    """The spec overrides that make a torchtitan preset train ``flavour``: the flavour and its shape."""
+    layers, hidden, heads, kv_heads, vocab = TORCHTITAN_FLAVOURS[flavour]
+    return [f"backend.torchtitan.flavour={flavour}", f"model.num_layers={layers}", f"model.hidden_size={hidden}",
+            f"model.num_attention_heads={heads}", f"model.num_kv_heads={kv_heads}", f"model.vocab_size={vocab}"]
+
+
 # The config functions torchtitan 0.3.0 publishes for them (torchtitan/models/llama3/config_registry.py);
 # the others the spec may name are this project's, built on torchtitan's (trainer/torchtitan_configs.py).
 TORCHTITAN_PUBLISHED = ("llama3_debugmodel", "llama3_debugmodel_float8", "llama3_8b", "llama3_70b")

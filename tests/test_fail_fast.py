@@ -370,8 +370,9 @@ def test_the_torchtitan_probe_checks_the_device_torchtitan_the_config_module_and
     config module and torchao), run with CUDA hidden as a job without GPUs sees it."""
     from render.preflight_command import preflight_command
 
-    spec = load_spec("llama3-8b-gpu", ["backend.torchtitan.flavour=1B", "model.num_layers=16", "model.hidden_size=2048",
-                                       "backend.torchtitan.float8=true", f"paths.root={tmp_path}"])
+    from pretrain.spec import flavour_overrides
+
+    spec = load_spec("llama3-8b-gpu", [*flavour_overrides("1B"), "backend.torchtitan.float8=true", f"paths.root={tmp_path}"])
     record = tmp_path / "probe.json"
     argv = preflight_command(spec, str(record))
     assert argv[argv.index("--module") + 1] == "trainer.torchtitan_configs" and "--float8" in argv

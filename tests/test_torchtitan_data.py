@@ -13,7 +13,7 @@ from torchtitan.config import manager as config_manager
 from pretrain import manifest
 from pretrain.corpus import corpus_texts, write_jsonl
 from pretrain.presets import load_spec
-from pretrain.spec import TORCHTITAN_FLAVOURS
+from pretrain.spec import TORCHTITAN_FLAVOURS, flavour_overrides
 from pretrain.toy_tokenizers import llama3_style
 from render.torchtitan import train_args
 from tasks.train_torchtitan import loader_view
@@ -36,11 +36,9 @@ def test_torchtitans_loader_reads_the_fetched_jsonl_and_not_the_fetch_manifest(t
     manifest.write_manifest(fetched, "fetch", {"sources": ["corpus.jsonl"]})
     vocab = TORCHTITAN_FLAVOURS["debugmodel"][4]
     tokenizer = llama3_style(tmp_path / "tokenizer", corpus_texts(300_000), vocab_size=vocab)
-    spec = load_spec("llama3-8b-gpu", [
-        "backend.torchtitan.flavour=debugmodel", "model.num_layers=6", "model.hidden_size=256",
-        "model.num_attention_heads=16", "model.num_kv_heads=16", f"model.vocab_size={vocab}", "model.seq_length=512",
-        "cluster.devices_per_node=1", "training.global_batch_size=4", "training.micro_batch_size=4",
-        f"tokenizer.path={tokenizer}"])
+    spec = load_spec("llama3-8b-gpu", [*flavour_overrides("debugmodel"), "model.seq_length=512",
+                                       "cluster.devices_per_node=1", "training.global_batch_size=4",
+                                       "training.micro_batch_size=4", f"tokenizer.path={tokenizer}"])
     run = tmp_path / "run"
     view = loader_view(fetched, run)
     assert sorted(p.name for p in view.iterdir()) == ["corpus.jsonl"]

@@ -13,7 +13,7 @@ from torchtitan.models.common import Linear
 from torchtitan.models.llama3 import config_registry, model_registry
 
 from pretrain.presets import SpecError, load_spec
-from pretrain.spec import TORCHTITAN_FLAVOURS, TORCHTITAN_PUBLISHED
+from pretrain.spec import TORCHTITAN_FLAVOURS, TORCHTITAN_PUBLISHED, flavour_overrides
 from trainer import torchtitan_configs
 from render.torchtitan import metrics_rank, torchrun_command, train_args
 from tasks.dry_run import render_files
@@ -72,12 +72,6 @@ def test_the_tiny_shape_renders_as_torchtitans_debug_model_on_one_gpu():
         load_spec("llama3-8b-gpu", [*tiny, "model.num_layers=4"])
 
 
-def shape(flavour: str) -> list[str]:
-    layers, hidden, heads, kv_heads, vocab = TORCHTITAN_FLAVOURS[flavour]
-    return [f"backend.torchtitan.flavour={flavour}", f"model.num_layers={layers}", f"model.hidden_size={hidden}",
-            f"model.num_attention_heads={heads}", f"model.num_kv_heads={kv_heads}", f"model.vocab_size={vocab}"]
-
-
 def test_the_flavour_shapes_the_spec_checks_are_torchtitans():
     for flavour, (layers, hidden, heads, kv_heads, vocab) in TORCHTITAN_FLAVOURS.items():
         model = model_registry(flavour).model
@@ -94,7 +88,7 @@ def test_the_1b_flavour_has_no_torchtitan_function_and_trains_through_this_proje
     """The ~1B Llama the MFU target is set for: torchtitan 0.3.0 has its model (Llama 3.2 1B's
     shape) but no config function, so the launch names trainer/torchtitan_configs.py's, which is
     torchtitan's llama3_8b with that model; the spec's settings apply on top."""
-    spec = load_spec("llama3-8b-gpu", [*shape("1B"), "cluster.devices_per_node=1", "training.global_batch_size=4",
+    spec = load_spec("llama3-8b-gpu", [*flavour_overrides("1B"), "cluster.devices_per_node=1", "training.global_batch_size=4",
                                        "training.micro_batch_size=4", "model.seq_length=2048"])
     assert spec.backend.torchtitan.registry == ("trainer.torchtitan_configs", "llama3_1b")
     config = parsed(spec, init_from=None)
@@ -112,7 +106,7 @@ def test_the_1b_flavour_has_no_torchtitan_function_and_trains_through_this_proje
 def test_float8_goes_through_torchtitans_float8_converter_and_only_where_it_runs():
     assert load_spec("llama3-8b-gpu", ["backend.torchtitan.float8=true"]).backend.torchtitan.registry == (
         "trainer.torchtitan_configs", "llama3_8b_float8")
-    tiny = load_spec("llama3-8b-gpu", [*shape("debugmodel"), "backend.torchtitan.float8=true"])
+    tiny = load_spec("llama3-8b-gpu", [*flavour_overrides("debugmodel"), "backend.torchtitan.float8=true"])
     assert tiny.backend.torchtitan.registry == ("llama3", "llama3_debugmodel_float8")  # torchtitan's own
     # what torchtitan's converter would swap, by its own filter: every Linear of the decoder's
     # layers, not the output projection
