@@ -17,9 +17,11 @@ from pathlib import Path
 from pretrain import manifest
 from pretrain.hub import hub_key_inputs, resolve_commit
 from pretrain.hub_refs import download_patterns, local_value, spec_references, with_local_values
-from pretrain.spec import PretrainSpec, TorchtitanSpec
+from pretrain.spec import PretrainSpec
+from pretrain.stages import STAGES, not_run
 from tasks.convert import convert_key_inputs
 from tasks.fetch import fetch_key_inputs, hub_access, list_sources
+from tasks.image import image_key_inputs, project_files
 from tasks.tokenize import pretokenized, tokenize_key_inputs
 
 
@@ -71,56 +73,40 @@ def _hub_files(spec: PretrainSpec) -> tuple[list[StagePlan], PretrainSpec | None
 
 
 def plan(spec: PretrainSpec) -> list[StagePlan]:
-    """Every stage that applies to the spec's backend, in the order the flow runs them."""
-    stages, local = _hub_files(spec)
-    fetch = _keyed(spec, "fetch", fetch_key_inputs(list_sources(spec)))
-    stages.append(fetch)
-    if spec.backend.kind == "torchtitan":
-        # torchtitan's loader tokenizes the fetched JSONL as it reads it: the flow has no tokenize stage
-        return stages + _unkeyed(spec)
-    if local is None:
-        # the tokenizer or checkpoint the later keys are built from is not on disk yet
-        stages.append(StagePlan("tokenize", "run", "files from the Hub are new: fetch runs first"))
-        stages += _unkeyed(spec)
-        return stages
-    spec = local
+    """Every stage of the flow, in the order it runs them: each that the spec's backend has a job
+    for to run or reuse, the others skipped with the reason."""
+    hub, local = _hub_files(spec)
+    skipped = not_run(spec)
+    rows = {stage: StagePlan(stage, "skip", why) for stage, why in skipped.items()}
+    rows["fetch"] = fetch = _keyed(spec, "fetch", fetch_key_inputs(list_sources(spec)))
+    references = spec_references(spec)
+    if local is not None:
+        spec = local
+    if "tokenize" not in skipped:
+        rows["tokenize"] = _tokenize(spec, fetch, local is not None)
+    if "convert" not in skipped:
+        rows["convert"] = (StagePlan("convert", "run", "its checkpoint comes from the Hub: fetch runs first")
+                           if "model.init_from" in references and local is None else
+                           _keyed(spec, "convert", convert_key_inputs(spec, Path(spec.model.init_from).expanduser())))
+    if "precompile" not in skipped:
+        rows["precompile"] = StagePlan("precompile", "run", "fills the compile cache; graphs it holds already are "
+                                       "served from it, not compiled again")
+    if "image" not in skipped:
+        image = spec.backend.megatron_lm.image
+        rows["image"] = _keyed(spec, "image", image_key_inputs(image, project_files() if image.install_project else {}))
+    rows["train"] = StagePlan("train", "run", "never cached: a new flow run trains afresh; a retry resumes "
+                              "from its newest complete checkpoint")
+    return hub + [rows[stage] for stage in STAGES]
+
+
+def _tokenize(spec: PretrainSpec, fetch: StagePlan, hub_files_local: bool) -> StagePlan:
+    if not hub_files_local:  # the tokenizer its key is built from is not on disk yet
+        return StagePlan("tokenize", "run", "files from the Hub are new: fetch runs first")
     if fetch.action != "reuse":
-        stages.append(StagePlan("tokenize", "run", "its input is new: fetch runs first"))
-    elif (dataset := pretokenized(Path(fetch.output))) is not None:
-        stages.append(StagePlan("tokenize", "hand on", "the fetched data is tokenized already", output=dataset))
-    else:
-        stages.append(_keyed(spec, "tokenize", tokenize_key_inputs(spec, Path(fetch.output))))
-    if spec.backend.kind == "neuron" and spec.model.init_from:
-        stages.append(_keyed(spec, "convert", convert_key_inputs(spec, Path(spec.model.init_from).expanduser())))
-    return stages + _unkeyed(spec)
-
-
-def _unkeyed(spec: PretrainSpec) -> list[StagePlan]:
-    """The stages that always run."""
-    kind, stages = spec.backend.kind, []
-    if kind == "neuron" and "model.init_from" in spec_references(spec):
-        stages.append(StagePlan("convert", "run", "its checkpoint comes from the Hub: fetch runs first"))
-    if kind == "neuron" or (kind == "native" and spec.backend.native.compile):
-        stages.append(StagePlan("precompile", "run", "fills the compile cache; graphs it holds already are "
-                                "served from it, not compiled again"))
-    elif kind == "torchtitan":
-        stages.append(StagePlan("precompile", "skip", _torchtitan_compiles(spec.backend.torchtitan)))
-    stages.append(StagePlan("train", "run", "never cached: a new flow run trains afresh; a retry resumes "
-                            "from its newest complete checkpoint"))
-    return stages
-
-
-def _torchtitan_compiles(titan: TorchtitanSpec) -> str:
-    """Where a torchtitan run's graphs are compiled, since no precompile job does it: what AWS
-    documents for TorchNeuron has no ahead-of-time compile to run (docs/render.md)."""
-    if not titan.compile:
-        return "backend.torchtitan.compile=false: torch.compile is off, nothing to compile ahead"
-    if titan.device == "cuda":
-        return ("device=cuda: nothing to compile ahead; torch.compile (inductor) compiles each graph in the "
-                "training job, at its first steps")
-    return ("device=neuron: AWS documents no ahead-of-time compile for TorchNeuron (docs/render.md); "
-            "torch.compile(backend=neuron) compiles each graph at its first call, so the first training run "
-            "fills the NEFF cache")
+        return StagePlan("tokenize", "run", "its input is new: fetch runs first")
+    if (dataset := pretokenized(Path(fetch.output))) is not None:
+        return StagePlan("tokenize", "hand on", "the fetched data is tokenized already", output=dataset)
+    return _keyed(spec, "tokenize", tokenize_key_inputs(spec, Path(fetch.output)))
 
 
 def plan_table(stages: list[StagePlan]) -> str:

@@ -19,7 +19,7 @@
 from __future__ import annotations
 
 import time
-from typing import Any, Callable, Literal, get_args
+from typing import Any, Callable
 
 from prefect import flow
 from prefect.states import Cancelled
@@ -30,6 +30,7 @@ from pretrain.loss_curve import RunSummary, metrics_summary, package_versions
 from pretrain.hub_refs import spec_references
 from pretrain.presets import load_spec
 from pretrain.spec import PretrainSpec
+from pretrain.stages import STAGES, Stage, refuse_not_run
 from tasks.convert import convert
 from tasks.fetch import fetch, fetch_hub_files
 from tasks.image import build_image
@@ -43,9 +44,6 @@ from tasks.train_artifacts import publish_run_summary
 from tasks.train_megatron import train_megatron
 from tasks.train_nxdt import train_nxdt
 from tasks.train_torchtitan import train_torchtitan
-
-Stage = Literal["fetch", "tokenize", "convert", "precompile", "image", "train"]
-STAGES: tuple[str, ...] = get_args(Stage)
 
 
 class StageTimer:
@@ -69,9 +67,12 @@ def run_stages(spec: PretrainSpec, stages: list[str] | None = None,
     """Run the stages of ``spec`` (all that apply to its backend when ``stages`` is None).
 
     A stage left out is not run; the stages after it take its existing output, or fail naming
-    the stage to add. Returns each stage's output and how long each one took (also kept in
-    ``stage`` as they finish).
+    the stage to add. A stage named that the backend has no job for is refused before anything
+    runs. Returns each stage's output and how long each one took (also kept in ``stage`` as they
+    finish).
     """
+    if stages is not None:
+        refuse_not_run(spec, stages)
     selected = set(STAGES if stages is None else stages)
     stage = stage or StageTimer()
     outputs = stage.outputs
@@ -128,7 +129,8 @@ def pretrain(preset: str = "tiny-local", overrides: list[str] | None = None, sta
         overrides: Spec fields to change, one `key=value` each, e.g. `training.train_steps=100`
             or `cluster.block=trn1-cluster`.
         stages: The stages to run, of fetch, tokenize, convert, precompile, image and train; empty runs
-            every stage that applies. A stage left out hands on its existing output.
+            every stage that applies. A stage left out hands on its existing output; one the
+            backend has no job for (`pretrain plan` shows it skipped) is refused.
         cluster_block: Name of the SlurmCluster block with the site's settings (partition,
             account, setup lines); empty: the spec's `cluster.block`, else Slurm's defaults.
         init_from: A Hugging Face checkpoint directory to continue pre-training from (converted

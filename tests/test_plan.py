@@ -72,7 +72,8 @@ def test_a_commit_that_changes_no_writer_reuses_every_finished_stage(local_stack
     assert head.strip() and head.strip() not in subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT,
                                                               capture_output=True, text=True).stdout
     plan = plan_in(checkout, *overrides)
-    assert actions(plan) == {"fetch": "REUSE", "tokenize": "REUSE", "precompile": "RUN", "train": "RUN"}, plan
+    assert actions(plan) == {"fetch": "REUSE", "tokenize": "REUSE", "convert": "SKIP", "precompile": "RUN",
+                             "image": "SKIP", "train": "RUN"}, plan
     assert str(Path(outputs["tokenize"]).parent) in plan  # the output path the flow handed on
 
     replanned = plan_in(checkout, *overrides, "tokenizer.append_eod=false")
@@ -100,7 +101,31 @@ def local_inputs(tmp_path: Path) -> list[str]:
 ])
 def test_torchtitan_plans_the_flows_stages_and_says_who_compiles(tmp_path, preset, overrides, why):
     """The flow runs no tokenize and no precompile job for torchtitan: the plan shows fetch and
-    train to run, no tokenize, and precompile skipped with where the graphs get compiled instead."""
+    train to run, and the other stages skipped, precompile with where the graphs get compiled instead."""
     table = plan_table(plan(load_spec(preset, [*local_inputs(tmp_path), *overrides])))
-    assert actions(table) == {"fetch": "RUN", "precompile": "SKIP", "train": "RUN"}, table
+    assert actions(table) == {"fetch": "RUN", "tokenize": "SKIP", "convert": "SKIP", "precompile": "SKIP",
+                              "image": "SKIP", "train": "RUN"}, table
     assert why in " ".join(table.split()), table
+
+
+@pytest.mark.pure
+@pytest.mark.parametrize("preset, overrides, stages, refused", [
+    ("llama3-8b-gpu", [], ["fetch", "precompile"], "precompile does not run for spec 'llama3-8b-gpu': device=cuda"),
+    ("tiny-local", ["backend.native.compile=false"], ["precompile", "train"],
+     "precompile does not run for spec 'tiny-local': backend.native.compile=false"),
+    ("tiny-local", [], ["image"], "image does not run for spec 'tiny-local': backend.kind=native"),
+    ("gpt3-7.5b-gpu", ["backend.megatron_lm.image=null", "backend.megatron_lm.container_image=nvcr.io/nvidia/pytorch:25.01-py3"],
+     ["image", "train"], "image does not run for spec 'gpt3-7.5b-gpu': backend.megatron_lm.image is not set"),
+])
+def test_a_stage_named_that_the_backend_has_no_job_for_is_refused_before_anything_runs(
+        tmp_path, preset, overrides, stages, refused):
+    """Asked by name for a stage the flow would skip, the run is refused at once, with the
+    reason the plan gives and the stages that do run, instead of ending green having done
+    nothing of it. Nothing is fetched."""
+    spec = load_spec(preset, [*local_inputs(tmp_path), *overrides])
+    with pytest.raises(ValueError, match=f"stages: {refused}") as raised:
+        run_stages(spec, stages)
+    assert "Leave " in str(raised.value) and "the stages that run here: fetch" in str(raised.value)
+    assert not (tmp_path / "root").exists()
+    skipped = {row.stage: row.reason for row in plan(spec) if row.action == "skip"}
+    assert skipped[refused.split()[0]] in str(raised.value)  # the plan's reason, word for word
