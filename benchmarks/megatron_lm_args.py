@@ -98,7 +98,9 @@ def check(repo: str, tag: str) -> bool:
     with tempfile.TemporaryDirectory(prefix=f"megatron-{tag}-") as tmp:
         unpack(repo, tag, Path(tmp))
         version = megatron_version(Path(tmp))
-        args = pretrain_gpt_args(load_spec("gpt3-7.5b-gpu", [f"backend.megatron_lm.version={version}"]),
+        # with a checkpoint to start from, so that --pretrained-checkpoint is parsed too
+        args = pretrain_gpt_args(load_spec("gpt3-7.5b-gpu", [f"backend.megatron_lm.version={version}",
+                                                             "model.init_from=/fsx/megatron-gpt3-7.5b"]),
                                  "/fsx/data/oscar_text_document", "/fsx/checkpoints")
         (Path(tmp) / "args.json").write_text(json.dumps(args))
         done = subprocess.run([sys.executable, __file__, "--parse", str(Path(tmp) / "args.json")], check=False,

@@ -156,7 +156,8 @@ class ModelSpec(Strict):
     rope_scaling: RopeScaling | None = Field(None, description="Llama 3.1 rope scaling.")
     init_from: str | None = Field(None, description="A Hugging Face checkpoint (directory with config.json "
                                   "+ safetensors, or hf://ORG/NAME[@REVISION]) to continue pre-training from; "
-                                  "converted for the backend.")
+                                  "converted for the backend. For backend.kind=megatron-lm, a Megatron-LM "
+                                  "checkpoint directory, loaded with --pretrained-checkpoint.")
     fuse_qkv: bool = Field(True, description="NxD: one fused qkv_proj.weight_qkv per rank (the 70B YAMLs' "
                            "default); false keeps weight_q/k/v. Needs qkv_linear.")
     qkv_linear: bool = Field(True, description="NxD (Llama): attention through GQAQKVColumnParallelLinear, "
@@ -697,6 +698,8 @@ class PretrainSpec(Strict):
             self._check_nxdt()
         if self.backend.kind == "torchtitan":
             self._check_torchtitan()
+        if self.backend.kind == "megatron-lm":
+            self._check_megatron_lm()
         if self.backend.kind == "native":
             # FSDP2 over the data-parallel ranks and DTensor tp are the native trainer's parallelism;
             # the rest is NxDT's and Megatron-LM's, and a native run would silently ignore it.
@@ -847,6 +850,19 @@ class PretrainSpec(Strict):
             raise ValueError(f"{where}: {schedule} needs the {microbatches} microbatches a step to split evenly "
                              f"into its {rounds} rounds (microbatches // pp); a multiple of pp always does: change "
                              "training.micro_batch_size or pipeline_microbatch_size")
+
+    def _check_megatron_lm(self) -> None:
+        """What the Megatron-LM launch (render/megatron_lm.py) would otherwise train differently
+        from what the spec says, silently."""
+        m = self.model
+        if m.family != "gpt":
+            raise ValueError(f"model.family={m.family}: backend.kind=megatron-lm renders the GPT-3 runbooks' "
+                             "pretrain_gpt.py arguments (learned positions, LayerNorm, GeLU), which would train a "
+                             "GPT under that name; train a Llama with backend.kind=torchtitan or native")
+        if is_hub_uri(m.init_from):
+            raise ValueError(f"model.init_from={m.init_from!r}: Megatron-LM loads its own checkpoints "
+                             "(latest_checkpointed_iteration.txt and iter_*/), not a Hugging Face one; convert it "
+                             "with Megatron-LM's tools/checkpoint/convert.py and give the converted directory")
 
     def _check_heads(self) -> None:
         """The head rules of trainer/model_shape.py, as the backend's trainer or converter asks them."""

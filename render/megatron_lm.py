@@ -26,6 +26,26 @@ PRETRAIN_GPT = "/workspace/Megatron-LM/pretrain_gpt.py"
 LEGACY_TOKENIZER_FLAG_SINCE = (0, 15, 0)
 
 
+# Megatron-LM names a checkpoint directory's newest iteration in this file, and loads nothing from
+# a directory without it (get_checkpoint_tracker_filename, checkpoint_exists in
+# megatron/training/checkpointing.py at core_v0.16.1).
+CHECKPOINT_TRACKER = "latest_checkpointed_iteration.txt"
+
+
+def pretrained_checkpoint_refusal(directory: Path) -> str | None:
+    """Why Megatron-LM could not start from ``directory`` (``model.init_from``), or None. Without
+    the tracker file, every rank of the queued job would fail with "No checkpoint found in load
+    directory or pretrained directory"."""
+    if (directory / CHECKPOINT_TRACKER).is_file():
+        return None
+    if (directory / "config.json").is_file():
+        return (f"model.init_from={directory} is a Hugging Face checkpoint (config.json), and Megatron-LM loads "
+                "only its own format: convert it with Megatron-LM's tools/checkpoint/convert.py (the checkout "
+                "the image pins) and set model.init_from to the converted directory")
+    return (f"model.init_from={directory} holds no Megatron-LM checkpoint ({CHECKPOINT_TRACKER} is missing): "
+            "give the directory a Megatron-LM run saved to (its --save)")
+
+
 def release(version: str) -> tuple[int, ...]:
     """``backend.megatron_lm.version`` ("0.16.1") as numbers, for comparing releases."""
     return tuple(int(part) for part in version.split("."))
@@ -37,7 +57,8 @@ def pretrain_gpt_args(spec: PretrainSpec, data_prefix: str, checkpoint_dir: str)
     m, p, t = spec.model, spec.parallel, spec.training
     mlm = spec.backend.megatron_lm or MegatronLMSpec()
     args = ["--num-layers", str(m.num_layers), "--hidden-size", str(m.hidden_size),
-            "--num-attention-heads", str(m.num_attention_heads), "--seq-length", str(m.seq_length),
+            "--num-attention-heads", str(m.num_attention_heads), "--ffn-hidden-size", str(m.ffn_hidden_size),
+            "--seq-length", str(m.seq_length),
             "--max-position-embeddings", str(m.max_position_embeddings),
             "--tensor-model-parallel-size", str(p.tp), "--pipeline-model-parallel-size", str(p.pp),
             "--micro-batch-size", str(t.micro_batch_size), "--global-batch-size", str(t.global_batch_size),
@@ -76,6 +97,10 @@ def pretrain_gpt_args(spec: PretrainSpec, data_prefix: str, checkpoint_dir: str)
              "--vocab-file", vocab, "--merge-file", merges,
              "--log-interval", "1", "--eval-interval", str(t.eval_interval), "--eval-iters", str(t.eval_batches),
              "--save", checkpoint_dir, "--load", checkpoint_dir, "--save-interval", str(t.checkpoint_interval)]
+    if m.init_from:
+        # Read only while --load has no checkpoint of its own: the first attempt starts from its
+        # weights (iteration 0, a fresh optimizer, as --finetune); a resubmitted one resumes --load.
+        args += ["--pretrained-checkpoint", m.init_from]
     return args + mlm.extra_args
 
 

@@ -1,5 +1,8 @@
 """preflight: before anything is queued, whether the cluster can run the spec at all.
 
+On every executor, a Megatron-LM run's ``model.init_from`` must be a Megatron-LM checkpoint
+(render/megatron_lm.py says what one is), or every rank of the training job would fail at its load.
+
 On the local executor (no Slurm controller) this host is the cluster: a stage sized for a cluster
 (more than one node, a conversion larger than this host's free memory) is refused at once.
 
@@ -38,7 +41,7 @@ from jobs.slurm import ClusterMismatch, SlurmJobFailed, ends_cancelled, executor
 from pretrain import manifest
 from pretrain.spec import PretrainSpec
 from render import kubernetes as manifests
-from render.megatron_lm import in_container
+from render.megatron_lm import in_container, pretrained_checkpoint_refusal
 from render.preflight_command import preflight_command
 from tasks.artifacts import artifact_key
 from tasks.executor import Cluster, cluster_for, job_folder, run_job
@@ -174,8 +177,11 @@ def conclude(spec: PretrainSpec, cluster: Cluster, rows: list[dict], node: str) 
 @ends_cancelled
 def preflight(spec: PretrainSpec, stages: list[str]) -> dict:
     """Refuse what this host or the cluster cannot run, before ``stages`` queue anything."""
-    logger = get_run_logger()
     selected = set(stages)
+    if spec.backend.kind == "megatron-lm" and spec.model.init_from and "train" in selected:
+        if refused := pretrained_checkpoint_refusal(Path(spec.model.init_from).expanduser()):
+            raise PreflightFailed(refused)
+    logger = get_run_logger()
     cluster = cluster_for(spec)
     on_kubernetes = isinstance(cluster, KubernetesTarget)
     if not on_kubernetes and executor_kind(cluster) == "local":

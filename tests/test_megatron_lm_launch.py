@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from pretrain.presets import SpecError, load_spec
@@ -10,7 +12,8 @@ from tasks.dry_run import render_files
 from jobs.node import Command
 from jobs.slurm import JobRequest, slurm_parameters
 from render.megatron_lm import in_container
-from render.megatron_lm import pretrain_gpt_args, torchrun_command
+from render.megatron_lm import pretrain_gpt_args, pretrained_checkpoint_refusal, torchrun_command
+from tasks.preflight import PreflightFailed, preflight
 
 pytestmark = pytest.mark.pure  # no stack, no Prefect API: `make check` runs it
 
@@ -104,3 +107,41 @@ def test_torchrun_in_the_pyxis_container():
     assert "--vocab-file '<tokenize-output>/gpt2-vocab.json'" in files["torchrun.sh"]
     smaller = flags(pretrain_gpt_args(load_spec("gpt3-7.5b-gpu", ["model.size=1.7B"]), "/d", "/c"))
     assert (smaller["--num-layers"], smaller["--hidden-size"], smaller["--num-attention-heads"]) == ("24", "2304", "24")
+
+
+def test_what_the_gpt3_launch_would_train_otherwise_is_refused_in_the_spec():
+    """The launch renders GPT-3's arguments: a Llama would train as a GPT of its size, silently."""
+    with pytest.raises(SpecError, match="model.family=llama: backend.kind=megatron-lm renders the GPT-3 runbooks'"):
+        load_spec("gpt3-7.5b-gpu", ["model.family=llama", "model.rope_theta=500000"])
+    with pytest.raises(SpecError, match="Megatron-LM loads its own checkpoints .* tools/checkpoint/convert.py"):
+        load_spec("gpt3-7.5b-gpu", ["model.init_from=hf://openai-community/gpt2"])
+    # the shape the spec gives, not Megatron's default of 4 x hidden
+    narrow = flags(pretrain_gpt_args(load_spec("gpt3-7.5b-gpu", ["model.ffn_hidden_size=11008"]), "/d", "/c"))
+    assert narrow["--ffn-hidden-size"] == "11008"
+
+
+def test_a_megatron_checkpoint_to_start_from_and_what_is_refused_before_queueing(tmp_path):
+    """model.init_from reaches pretrain_gpt.py as --pretrained-checkpoint (read while the run's own
+    --load has no checkpoint). The preflight refuses, before any job, a directory Megatron would
+    find nothing in, naming the file it looks for, and a Hugging Face checkpoint with the fix."""
+    start = tmp_path / "megatron-gpt"
+    (start / "iter_0001000").mkdir(parents=True)
+    (start / "latest_checkpointed_iteration.txt").write_text("1000")
+    spec = load_spec("gpt3-7.5b-gpu", [f"model.init_from={start}"])
+    args = flags(pretrain_gpt_args(spec, "/d", "/run/checkpoints"))
+    assert args["--pretrained-checkpoint"] == str(start) and args["--load"] == "/run/checkpoints"
+    assert pretrained_checkpoint_refusal(start) is None
+
+    hf = tmp_path / "hf-gpt"
+    hf.mkdir()
+    (hf / "config.json").write_text("{}")
+    (hf / "model.safetensors").write_bytes(b"")
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    for directory, said in ((hf, "is a Hugging Face checkpoint (config.json), and Megatron-LM loads only its own "
+                                 "format: convert it with Megatron-LM's tools/checkpoint/convert.py"),
+                            (empty, "holds no Megatron-LM checkpoint (latest_checkpointed_iteration.txt is missing)")):
+        refused = load_spec("gpt3-7.5b-gpu", [f"model.init_from={directory}"])
+        with pytest.raises(PreflightFailed, match=re.escape(f"model.init_from={directory} {said}")) as raised:
+            preflight.fn(refused, ["tokenize", "train"])
+        assert raised.value.retryable is False
