@@ -55,7 +55,7 @@ def nightly_benchmark(preset: str = "tiny-local", overrides: list[str] | None = 
             and the runs after it only.
     """
     check_thresholds(thresholds or {})
-    spec = load_spec(preset, [*(overrides or []), *benchmark_overrides(steps)])
+    spec = load_spec(preset, [*(overrides or []), *benchmark_overrides(steps, load_spec(preset, overrides or []))])
     # A history that does not exist or cannot be written fails the run now, not after the pipeline.
     history_for(history, spec.paths.root).check_writable(spec.name)
     started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())

@@ -26,6 +26,7 @@ import numpy as np
 
 from pretrain import manifest
 from pretrain.loss_curve import axis_number, axis_range, mermaid_text
+from pretrain.spec import PretrainSpec
 
 
 @dataclass(frozen=True)
@@ -80,10 +81,15 @@ def check_thresholds(thresholds: dict[str, float]) -> None:
             raise ValueError(f"thresholds.{name}={value!r}: give a fraction of the baseline >= 0, e.g. 0.1")
 
 
-def benchmark_overrides(steps: int) -> list[str]:
-    """Benchmark mode as spec overrides, given after the user's: a fixed number of steps (not of
-    samples) and no evaluation, which every backend's launch renders (``training.eval_batches``)."""
-    return ["training.benchmark=true", f"training.train_steps={steps}", "training.train_samples=null"]
+def benchmark_overrides(steps: int, spec: PretrainSpec) -> list[str]:
+    """Benchmark mode as spec overrides, given after the user's (``spec`` is theirs): a fixed number
+    of steps (not of samples) and no evaluation, which every backend's launch renders
+    (``training.eval_batches``). Megatron-LM's warm-up and decay in samples go with the samples: a
+    benchmark's few steps warm up none, as its throughput is what is judged."""
+    overrides = ["training.benchmark=true", f"training.train_steps={steps}", "training.train_samples=null"]
+    if spec.backend.megatron_lm:
+        overrides += ["backend.megatron_lm.lr_warmup_samples=null", "backend.megatron_lm.lr_decay_samples=null"]
+    return overrides
 
 
 def config_fingerprint(spec: dict[str, Any]) -> str:

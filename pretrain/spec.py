@@ -77,7 +77,8 @@ class DataSpec(Strict):
     weight: float = Field(1.0, gt=0, description="The share of this spec's own dataset in a blend.")
     blend: list[BlendSource] = Field(default_factory=list, description="Other tokenized datasets "
                                      "trained on with this one, each sampled by its weight (Megatron's blend).")
-    json_keys: list[str] = Field(["text"], description="JSON keys holding the text (Megatron --json-keys).")
+    json_keys: list[str] = Field(["text"], description="JSON keys holding the text (Megatron --json-keys); "
+                                 "tokenize writes a dataset of each, and training reads the first's.")
     split: str = Field("969,30,1", description="train,valid,test weights, Megatron style.")
     tokenize_shards: int | None = Field(None, gt=0, description="Slurm array tasks for tokenize; "
                                         "default one per 256 MB of input.")
@@ -478,16 +479,21 @@ class NativeSpec(Restarts):
 # torchtitan 0.3.0's Llama 3 flavours (``model_registry`` in torchtitan/models/llama3/__init__.py):
 # layers, hidden, heads, KV heads, vocabulary. The model is torchtitan's, so the spec's shape must
 # be the flavour's, or the loss curve and the HF weights would belong to another model.
-TORCHTITAN_FLAVOURS: dict[str, tuple[int, int, int, int, int]] = {
-    "debugmodel": (6, 256, 16, 16, 2048), "1B": (16, 2048, 32, 8, 128256), "3B": (28, 3072, 24, 8, 128256),
-    "8B": (32, 4096, 32, 8, 128256), "70B": (80, 8192, 64, 8, 128256)}
+TORCHTITAN_FLAVOURS: dict[str, tuple[int, int, int, int, int, int]] = {
+    "debugmodel": (6, 256, 16, 16, 2048, 768), "1B": (16, 2048, 32, 8, 128256, 8192),
+    "3B": (28, 3072, 24, 8, 128256, 8192), "8B": (32, 4096, 32, 8, 128256, 14336),
+    "70B": (80, 8192, 64, 8, 128256, 28672)}
+# Every flavour's RoPE: base 500,000 with Llama 3.1's scaling at its published factors (RopeScaling's
+# defaults), whatever the checkpoint it starts from says.
+TORCHTITAN_ROPE_THETA = 500000.0
 
 
 def flavour_overrides(flavour: str) -> list[str]:
     """The spec overrides that make a torchtitan preset train ``flavour``: the flavour and its shape."""
-    layers, hidden, heads, kv_heads, vocab = TORCHTITAN_FLAVOURS[flavour]
+    layers, hidden, heads, kv_heads, vocab, ffn = TORCHTITAN_FLAVOURS[flavour]
     return [f"backend.torchtitan.flavour={flavour}", f"model.num_layers={layers}", f"model.hidden_size={hidden}",
-            f"model.num_attention_heads={heads}", f"model.num_kv_heads={kv_heads}", f"model.vocab_size={vocab}"]
+            f"model.num_attention_heads={heads}", f"model.num_kv_heads={kv_heads}", f"model.vocab_size={vocab}",
+            f"model.ffn_hidden_size={ffn}"]
 
 
 # The config functions torchtitan 0.3.0 publishes for them (torchtitan/models/llama3/config_registry.py);
@@ -762,6 +768,10 @@ class PretrainSpec(Strict):
         for name, value in NXDT_FAMILY_DEFAULTS[m.family].items():
             if getattr(neuron, name) is None:
                 setattr(neuron, name, copy.deepcopy(value))
+        if (t.precision == "fp32") != (neuron.precision_type == "fp32"):
+            raise ValueError(f"training.precision={t.precision} and backend.neuron.precision_type="
+                             f"{neuron.precision_type} disagree, and NxDT reads only precision_type: set both to "
+                             "fp32, or neither")
         if self.data.blend and m.family == "llama":
             raise ValueError("data.blend: NxDT's Llama configs read one HF Arrow dataset (data.train_dir) and "
                              "cannot blend; blend with backend.kind=native or megatron-lm, or a GPT config")
@@ -792,12 +802,27 @@ class PretrainSpec(Strict):
         """What torchtitan 0.3.0 would refuse, or train differently from the spec, refused here
         (ParallelDims in torchtitan/distributed/parallel_dims.py; docs/render.md)."""
         p, m, t, titan = self.parallel, self.model, self.training, self.backend.torchtitan
-        layers, hidden, heads, kv_heads, vocab = TORCHTITAN_FLAVOURS[titan.flavour]
-        given = (m.num_layers, m.hidden_size, m.num_attention_heads, m.kv_heads, m.vocab_size)
-        if m.family != "llama" or given != (layers, hidden, heads, kv_heads, vocab):
+        # torchtitan builds the model from the flavour alone: a model.* field that differs would be
+        # shown, and checked against, while another model trains
+        layers, hidden, heads, kv_heads, vocab, ffn = TORCHTITAN_FLAVOURS[titan.flavour]
+        given = (m.num_layers, m.hidden_size, m.num_attention_heads, m.kv_heads, m.vocab_size, m.ffn_hidden_size)
+        if m.family != "llama" or given != (layers, hidden, heads, kv_heads, vocab, ffn):
             raise ValueError(f"model: backend.torchtitan.flavour={titan.flavour} is a Llama 3 of {layers} layers, "
-                             f"hidden {hidden}, {heads} heads, {kv_heads} KV heads, vocabulary {vocab}; the spec "
-                             f"has family={m.family}, {given}: set model.* to the flavour's shape or change the flavour")
+                             f"hidden {hidden}, {heads} heads, {kv_heads} KV heads, vocabulary {vocab}, feed-forward "
+                             f"{ffn}; the spec has family={m.family}, {given}: set model.* to the flavour's shape or "
+                             "change the flavour")
+        if m.rope_theta != TORCHTITAN_ROPE_THETA or m.rope_scaling != RopeScaling():
+            raise ValueError(f"model.rope_theta={m.rope_theta}, model.rope_scaling={m.rope_scaling}: every torchtitan "
+                             f"Llama 3 flavour has RoPE base {TORCHTITAN_ROPE_THETA:.0f} with Llama 3.1's scaling; set "
+                             f"model.rope_theta={TORCHTITAN_ROPE_THETA:.0f} and model.rope_scaling={{rope_type: llama3}}")
+        if titan.config:
+            self._check_torchtitan_config(titan)
+        _, valid, test = self.data.split_weights
+        if t.eval_batches or valid or test:
+            raise ValueError(f"training.eval_iters={t.eval_iters}, data.split={self.data.split!r}: torchtitan validates "
+                             "on a dataset of its own (c4_validation, from the Hub), which no stage fetches, so the "
+                             "launch turns its validator off and trains on every fetched document; set "
+                             "training.eval_iters=0 and data.split='100,0,0'")
         if self.dp % titan.data_parallel_replicate:
             raise ValueError(f"backend.torchtitan.data_parallel_replicate={titan.data_parallel_replicate} does not "
                              f"divide the {self.dp} data-parallel ranks (world / (tp x pp x cp)): torchtitan needs "
@@ -859,10 +884,33 @@ class PretrainSpec(Strict):
             raise ValueError(f"model.family={m.family}: backend.kind=megatron-lm renders the GPT-3 runbooks' "
                              "pretrain_gpt.py arguments (learned positions, LayerNorm, GeLU), which would train a "
                              "GPT under that name; train a Llama with backend.kind=torchtitan or native")
+        t, mlm = self.training, self.backend.megatron_lm or MegatronLMSpec()
+        if t.train_steps and (mlm.lr_warmup_samples is not None or mlm.lr_decay_samples is not None):
+            raise ValueError("backend.megatron_lm.lr_warmup_samples / lr_decay_samples apply to training.train_samples; "
+                             "with training.train_steps the schedule is training.warmup_steps and train_steps: set "
+                             "them to null")
+        if mlm.lr_warmup_samples is not None and t.warmup_steps:
+            raise ValueError(f"training.warmup_steps={t.warmup_steps} and backend.megatron_lm.lr_warmup_samples="
+                             f"{mlm.lr_warmup_samples} are both set, and Megatron-LM reads the samples: keep one "
+                             "(set the other to 0 or null)")
         if is_hub_uri(m.init_from):
             raise ValueError(f"model.init_from={m.init_from!r}: Megatron-LM loads its own checkpoints "
                              "(latest_checkpointed_iteration.txt and iter_*/), not a Hugging Face one; convert it "
                              "with Megatron-LM's tools/checkpoint/convert.py and give the converted directory")
+
+    @staticmethod
+    def _check_torchtitan_config(titan: TorchtitanSpec) -> None:
+        """A config function named by hand decides the model and float8 itself: refuse a flavour or
+        float8 it contradicts, where its name says (``llama3_<flavour>[_float8]``, as torchtitan and
+        trainer/torchtitan_configs.py name theirs)."""
+        named = re.fullmatch(r"llama3_([0-9a-z]+?)(_float8)?", titan.config)
+        if titan.float8 and not (named and named.group(2)):
+            raise ValueError(f"backend.torchtitan.config={titan.config!r} with float8=true: the config function "
+                             "decides the converters, and this one's name has no _float8; leave config unset (the "
+                             "flavour's float8 function is chosen) or name a float8 one")
+        if named and named.group(1) != titan.flavour.lower():
+            raise ValueError(f"backend.torchtitan.config={titan.config!r} trains a {named.group(1)} model, not "
+                             f"flavour={titan.flavour}; leave config unset or make them agree")
 
     def _check_heads(self) -> None:
         """The head rules of trainer/model_shape.py, as the backend's trainer or converter asks them."""

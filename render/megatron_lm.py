@@ -81,7 +81,7 @@ def pretrain_gpt_args(spec: PretrainSpec, data_prefix: str, checkpoint_dir: str)
     else:
         args += ["--train-iters", str(t.train_steps), "--lr-decay-iters", str(t.train_steps),
                  "--lr-warmup-iters", str(t.warmup_steps)]
-    if t.precision == "bf16":
+    if t.precision != "fp32":  # Megatron's --bf16 is mixed precision: bf16 compute, fp32 main weights
         args.append("--bf16")
     if mlm.recompute_activations:
         args.append("--recompute-activations")

@@ -42,9 +42,15 @@ def train_args(spec: PretrainSpec, data_dir: str, run_dir: str, init_from: str |
             "--hf-assets-path", str(spec.tokenizer.path), "--dump-folder", run_dir,
             "--training.steps", str(spec.training.steps), "--training.seq-len", str(m.seq_length),
             "--training.local-batch-size", str(t.micro_batch_size),
-            "--training.global-batch-size", str(t.global_batch_size), "--training.max-norm", str(t.grad_clip),
+            "--training.global-batch-size", str(t.global_batch_size),
+            # torchtitan clips at every step: a max norm of 0 would zero every gradient, where the
+            # spec's 0 means no clipping (as for the other backends); infinity scales by 1
+            "--training.max-norm", str(t.grad_clip or "inf"),
+            # the FSDP compute dtype; the master weights stay float32 (training.dtype)
+            "--training.mixed-precision-param", "float32" if t.precision == "fp32" else "bfloat16",
             "--debug.seed", str(t.seed),
             "--optimizer.param-groups.0.optimizer-kwargs.lr", str(t.lr),
+            "--optimizer.param-groups.0.optimizer-kwargs.betas", *(str(beta) for beta in t.adam_betas),
             "--optimizer.param-groups.0.optimizer-kwargs.weight-decay", str(t.weight_decay),
             "--lr-scheduler.warmup-steps", str(t.warmup_steps), "--lr-scheduler.decay-type", t.lr_decay_style,
             "--lr-scheduler.min-lr-factor", str(t.min_lr / t.lr),

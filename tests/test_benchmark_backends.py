@@ -38,7 +38,7 @@ STEPS = 7
 
 def benchmarked(preset: str, *overrides: str) -> PretrainSpec:
     """``preset`` as the nightly flow loads it."""
-    return load_spec(preset, [*overrides, *benchmark_overrides(STEPS)])
+    return load_spec(preset, [*overrides, *benchmark_overrides(STEPS, load_spec(preset, overrides))])
 
 
 def block(log: str, source_ends: str) -> list[str]:
@@ -114,7 +114,8 @@ def test_benchmark_mode_launches_every_backend_for_fixed_steps_without_evaluatio
                                                                                   tmp_path):
     assert launch(benchmarked(preset), tmp_path) == (STEPS, False)
     # the same steps outside benchmark mode: evaluation as the preset asks
-    fixed_steps = load_spec(preset, [f"training.train_steps={STEPS}", "training.train_samples=null"])
+    steps_only = [o for o in benchmark_overrides(STEPS, load_spec(preset)) if o != "training.benchmark=true"]
+    fixed_steps = load_spec(preset, steps_only)
     assert launch(fixed_steps, tmp_path) == (STEPS, evaluates_otherwise)
 
 

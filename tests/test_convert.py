@@ -564,7 +564,8 @@ def fixture_spec(src: Path, *overrides: str):
         f"parallel.kv_replicator={MULT}", "cluster.devices_per_node=8", "model.hidden_size=64",
         "model.ffn_hidden_size=96", "model.num_attention_heads=8", "model.num_kv_heads=2", "model.vocab_size=128",
         "model.seq_length=64", "model.max_position_embeddings=64", f"model.init_from={src}",
-        "training.eval_iters=0", *overrides])  # NxDT's Llama configs validate on nothing
+        # NxDT's Llama configs validate on nothing, and train in the precision of precision_type
+        "training.eval_iters=0", "training.precision=mixed_precision", *overrides])
 
 
 def test_the_rendered_command_refuses_a_checkpoint_the_spec_does_not_describe(hf_model, tmp_path):

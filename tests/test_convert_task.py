@@ -66,7 +66,8 @@ def test_convert_task_runs_on_slurm_and_is_reused(local_stack, tiny_hf, tmp_path
         f"paths.root={tmp_path / 'root'}", f"model.init_from={tiny_hf}", "cluster.executor=slurm",
         "backend.kind=neuron", "backend.neuron={instance_type: trn2}", "parallel.tp=4", "parallel.pp=2",
         "parallel.kv_replicator=2", "parallel.pipeline_cuts=[model.layers.0]", "cluster.devices_per_node=8",
-        "training.eval_iters=0"])  # NxDT's Llama configs validate on nothing
+        # NxDT's Llama configs validate on nothing, and train in the precision of precision_type
+        "training.eval_iters=0", "training.precision=mixed_precision"])
     state = convert_once(spec, return_state=True)
     assert state.is_completed(), state.message
     checkpoint = Path(state.result())

@@ -52,7 +52,9 @@ def test_published_gpt3_7_5b_values():
 
 def test_benchmark_mode_evaluates_nothing_and_iterations_mode():
     spec = load_spec("gpt3-7.5b-gpu", ["training.benchmark=true", "training.train_samples=null",
-                                       "training.train_steps=100", "training.warmup_steps=10"])
+                                       "training.train_steps=100", "training.warmup_steps=10",
+                                       "backend.megatron_lm.lr_decay_samples=null",
+                                       "backend.megatron_lm.lr_warmup_samples=null"])
     args = flags(pretrain_gpt_args(spec, "/d", "/c"))
     assert args["--split"] == "100,0,0" and args["--eval-iters"] == "0"
     assert args["--train-iters"] == "100" and args["--lr-warmup-iters"] == "10" and "--train-samples" not in args
@@ -115,6 +117,15 @@ def test_what_the_gpt3_launch_would_train_otherwise_is_refused_in_the_spec():
         load_spec("gpt3-7.5b-gpu", ["model.family=llama", "model.rope_theta=500000"])
     with pytest.raises(SpecError, match="Megatron-LM loads its own checkpoints .* tools/checkpoint/convert.py"):
         load_spec("gpt3-7.5b-gpu", ["model.init_from=hf://openai-community/gpt2"])
+    # a schedule the launch would not render: the preset's warm-up and decay samples under
+    # iterations, or a warm-up in steps the samples would replace
+    with pytest.raises(SpecError, match="lr_warmup_samples / lr_decay_samples apply to training.train_samples"):
+        load_spec("gpt3-7.5b-gpu", ["training.train_samples=null", "training.train_steps=1000"])
+    with pytest.raises(SpecError, match="training.warmup_steps=5000 and backend.megatron_lm.lr_warmup_samples=183105"):
+        load_spec("gpt3-7.5b-gpu", ["training.warmup_steps=5000"])
+    # mixed precision is Megatron's --bf16 (fp32 main weights), not fp32
+    assert "--bf16" in pretrain_gpt_args(load_spec("gpt3-7.5b-gpu", ["training.precision=mixed_precision"]), "/d", "/c")
+    assert "--bf16" not in pretrain_gpt_args(load_spec("gpt3-7.5b-gpu", ["training.precision=fp32"]), "/d", "/c")
     # the shape the spec gives, not Megatron's default of 4 x hidden
     narrow = flags(pretrain_gpt_args(load_spec("gpt3-7.5b-gpu", ["model.ffn_hidden_size=11008"]), "/d", "/c"))
     assert narrow["--ffn-hidden-size"] == "11008"

@@ -43,6 +43,11 @@ def test_a_spec_without_recompute_or_fusions_gets_its_familys_published_ones():
     ("megatron-gpt-6.7b", "training.lr_decay_style=linear", "training.lr_decay_style=linear: NxDT's published"),
     ("llama3-70b", "backend.neuron.precision_type=bf16", "backend.neuron.precision_type"),
     ("llama3-70b", "backend.neuron.fusions={ring_attention: true}", "NxDT's Llama model reads fusions.flash_attention"),
+    # NxDT reads only precision_type: an fp32 run the YAML would train in mixed precision
+    ("llama3-70b", "training.precision=fp32", "training.precision=fp32 and backend.neuron.precision_type="
+                                              "mixed_precision disagree, and NxDT reads only precision_type"),
+    ("megatron-gpt-6.7b", "backend.neuron.precision_type=fp32", "training.precision=mixed_precision and "
+                                                                "backend.neuron.precision_type=fp32 disagree"),
 ])
 def test_what_nxdt_would_refuse_is_refused_with_the_field_named(preset, override, message):
     with pytest.raises(SpecError, match=re.escape(message)):

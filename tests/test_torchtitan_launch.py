@@ -7,13 +7,14 @@ from __future__ import annotations
 import pytest
 import torch
 from torchtitan.config import manager as config_manager
+from torchtitan.distributed.utils import clip_grad_norm_
 from torchtitan.distributed.activation_checkpoint import FullAC, SelectiveAC
 from torchtitan.components.quantization.utils import module_filter_fn
 from torchtitan.models.common import Linear
 from torchtitan.models.llama3 import config_registry, model_registry
 
 from pretrain.presets import SpecError, load_spec
-from pretrain.spec import TORCHTITAN_FLAVOURS, TORCHTITAN_PUBLISHED, flavour_overrides
+from pretrain.spec import TORCHTITAN_FLAVOURS, TORCHTITAN_PUBLISHED, TORCHTITAN_ROPE_THETA, RopeScaling, flavour_overrides
 from trainer import torchtitan_configs
 from render.torchtitan import metrics_rank, torchrun_command, train_args
 from tasks.dry_run import render_files
@@ -58,7 +59,8 @@ def test_llama3_70b_gpu_fsdp_times_tp_and_full_checkpointing():
 def test_the_tiny_shape_renders_as_torchtitans_debug_model_on_one_gpu():
     """torchtitan's own test model (llama3_debugmodel): the shape a first launch on one GPU runs."""
     tiny = ["backend.torchtitan.flavour=debugmodel", "model.num_layers=6", "model.hidden_size=256",
-            "model.num_attention_heads=16", "model.num_kv_heads=16", "model.vocab_size=2048", "model.seq_length=2048",
+            "model.num_attention_heads=16", "model.num_kv_heads=16", "model.vocab_size=2048",
+            "model.ffn_hidden_size=768", "model.seq_length=2048",
             "cluster.devices_per_node=1", "training.global_batch_size=8", "training.micro_batch_size=8",
             "training.train_steps=10", "backend.torchtitan.compile=false"]
     config = parsed(load_spec("llama3-8b-gpu", tiny), init_from=None)
@@ -73,11 +75,17 @@ def test_the_tiny_shape_renders_as_torchtitans_debug_model_on_one_gpu():
 
 
 def test_the_flavour_shapes_the_spec_checks_are_torchtitans():
-    for flavour, (layers, hidden, heads, kv_heads, vocab) in TORCHTITAN_FLAVOURS.items():
+    for flavour, (layers, hidden, heads, kv_heads, vocab, ffn) in TORCHTITAN_FLAVOURS.items():
         model = model_registry(flavour).model
-        attention = model.layers[0].attention
+        attention, feed_forward = model.layers[0].attention, model.layers[0].feed_forward
         assert (len(model.layers), model.dim, attention.n_heads, attention.n_kv_heads or attention.n_heads,
-                model.vocab_size) == (layers, hidden, heads, kv_heads, vocab), flavour
+                model.vocab_size, feed_forward.w1.out_features) == (layers, hidden, heads, kv_heads, vocab, ffn), flavour
+        # the RoPE the spec insists on: base 500,000 with Llama 3.1's scaling at RopeScaling's factors
+        rope, scaling = attention.rope, RopeScaling()
+        assert (rope.theta, rope.scaling, rope.scaling_factor, rope.low_freq_factor, rope.high_freq_factor,
+                rope.original_max_position_embeddings) == (
+            TORCHTITAN_ROPE_THETA, "llama", scaling.factor, scaling.low_freq_factor, scaling.high_freq_factor,
+            scaling.original_max_position_embeddings), flavour
     # the functions the spec takes from torchtitan are there, and this project's shadow none of them
     assert all(callable(getattr(config_registry, name)) for name in TORCHTITAN_PUBLISHED)
     own = [name for name in vars(torchtitan_configs) if name.startswith("llama3_")]
@@ -158,6 +166,15 @@ def test_trn2_torchneuron_renders_a_rank_per_neuroncore_and_the_neuron_compiler(
     (["backend.torchtitan.checkpoint_keep=1"], "checkpoint_keep=1"),
     (["backend.torchtitan.pipeline_schedule=Zigzag"], "pipeline_schedule='Zigzag'"),
     (["data.json_keys=[body]"], "data.json_keys"),
+    # what torchtitan would train otherwise, silently: its model comes from the flavour (or the
+    # config function), its validator from a dataset no stage fetches
+    (["model.ffn_hidden_size=20000"], "feed-forward 28672"),
+    (["model.rope_theta=10000"], "every torchtitan Llama 3 flavour has RoPE base 500000 with Llama 3.1's scaling"),
+    (["model.rope_scaling=null"], "set model.rope_theta=500000 and model.rope_scaling"),
+    (["backend.torchtitan.config=llama3_8b"], "config='llama3_8b' with float8=true: the config function decides"),
+    ([BF16, "backend.torchtitan.config=llama3_8b"], "config='llama3_8b' trains a 8b model, not flavour=70B"),
+    (["training.eval_iters=10"], "torchtitan validates on a dataset of its own"),
+    (["data.split=90,10,0"], "set training.eval_iters=0 and data.split='100,0,0'"),
     # pipeline schedules, as torchtitan and torch.distributed.pipelining refuse them at the first step
     (["parallel.pp=2", "training.micro_batch_size=1"], "1F1B needs at least pp microbatches a step"),
     (["parallel.pp=2", "backend.torchtitan.pipeline_schedule=Interleaved1F1B", "training.micro_batch_size=5",
@@ -197,3 +214,23 @@ def test_the_trainium_dry_run_renders_no_precompile_job():
     files = render_files(load_spec("llama3-70b-trn2-torchneuron"))
     assert "sbatch_train.sh" in files and "torchrun.sh" in files
     assert not [name for name in files if "precompile" in name], sorted(files)
+
+
+def test_the_training_settings_reach_torchtitan_as_the_other_backends_read_them():
+    """A gradient clip of 0 means none, as for the other backends (torchtitan clips at every step,
+    and a max norm of 0 would zero every gradient); the Adam betas and the precision are the spec's."""
+    config = parsed(load_spec("llama3-8b-gpu", ["training.grad_clip=0", "training.adam_betas=[0.9, 0.999]",
+                                                "training.precision=fp32"]))
+    assert config.training.max_norm == float("inf")
+    assert config.optimizer.param_groups[0].optimizer_kwargs["betas"] == (0.9, 0.999)
+    assert config.training.mixed_precision_param == "float32"
+    published = parsed(load_spec("llama3-8b-gpu"))
+    assert published.training.max_norm == 1.0 and published.training.mixed_precision_param == "bfloat16"
+    assert published.optimizer.param_groups[0].optimizer_kwargs["betas"] == (0.9, 0.95)
+    # and a clip of 0 leaves gradients as they are, through torchtitan's own clipping
+    grads = [torch.nn.Parameter(torch.ones(3)), torch.nn.Parameter(torch.full((2,), 2.0))]
+    for param in grads:
+        param.grad = param.detach().clone()
+    norm = clip_grad_norm_(grads, config.training.max_norm, foreach=True)
+    assert norm.item() == pytest.approx(11 ** 0.5)  # reported, as under a real clip
+    assert grads[0].grad.tolist() == [1.0, 1.0, 1.0] and grads[1].grad.tolist() == [2.0, 2.0]
