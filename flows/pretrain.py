@@ -37,6 +37,7 @@ from tasks.image import build_image
 from tasks.precompile import precompile_native, precompile_neuron
 from tasks.preflight import preflight
 from tasks.dry_run import publish_rendered
+from render.nxdt import check_model_config
 from jobs.slurm import FlowRunCancelled, jobs_of_this_flow_run, raise_if_cancelled
 from tasks.tokenize import tokenize
 from tasks.train import train
@@ -80,6 +81,8 @@ def run_stages(spec: PretrainSpec, stages: list[str] | None = None,
     if spec_references(spec):
         # the later stages read the Hub's files from the shared disk, by the paths this spec names
         spec = stage("fetch-hub", fetch_hub_files, spec, reuse_only="fetch" not in selected)
+    if spec.backend.kind == "neuron" and spec.model.family == "llama" and selected & {"precompile", "train"}:
+        check_model_config(spec)  # the config.json NxDT builds the model from, before any job
     data_dir = stage("fetch", fetch, spec, reuse_only="fetch" not in selected)
     outputs["fetch"] = data_dir
     if selected <= {"fetch"}:

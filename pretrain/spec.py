@@ -727,6 +727,10 @@ class PretrainSpec(Strict):
         if self.backend.kind in ("native", "megatron-lm") and m.num_layers % p.pp:
             raise ValueError(f"model.num_layers={m.num_layers} is not divisible by parallel.pp={p.pp}: "
                              "change pp (uneven stages are for backend.kind=neuron and torchtitan)")
+        if p.pipeline_cuts and (self.backend.kind == "megatron-lm" or m.family == "gpt"):
+            raise ValueError(f"parallel.pipeline_cuts={p.pipeline_cuts}: only NxDT's Llama model places its stages "
+                             "by cuts; Megatron-LM and NxDT's GPT split the layers evenly over parallel.pp: set "
+                             "parallel.pipeline_cuts=[]")
         if p.pipeline_cuts and len(p.pipeline_cuts) != p.pp - 1:
             raise ValueError(f"parallel.pipeline_cuts has {len(p.pipeline_cuts)} cuts; parallel.pp="
                              f"{p.pp} needs {p.pp - 1}")
@@ -833,6 +837,9 @@ class PretrainSpec(Strict):
         if self.data.blend or self.data.json_keys != ["text"]:
             raise ValueError("data.blend / data.json_keys: torchtitan's loader reads the fetched JSONL's 'text' "
                              "field and blends nothing; set data.json_keys=[text] and data.blend=[]")
+        if not self.tokenizer.append_eod:
+            raise ValueError("tokenizer.append_eod=false: torchtitan's loader ends every document with the "
+                             "tokenizer's end-of-text token; leave it true")
         if p.sequence_parallel or p.pipeline_cuts:
             raise ValueError("parallel.sequence_parallel / parallel.pipeline_cuts: torchtitan shards sequences "
                              "with tp itself and splits stages evenly; reset them")
@@ -924,6 +931,9 @@ class PretrainSpec(Strict):
             return
         if kind == "neuron" and m.family == "llama":  # NxDT's GPT is Megatron's model: no qkv_linear
             check_qkv_layout(m.qkv_linear, m.fuse_qkv, p.kv_replicator)
+        elif p.kv_replicator != 1:
+            raise ValueError(f"parallel.kv_replicator={p.kv_replicator}: NxDT replicates KV heads in its Llama "
+                             "attention only (kv_size_multiplier); set it to 1 for family=gpt")
         check_heads_over_tp(m.num_attention_heads, p.tp)
         if kind == "neuron":
             check_kv_heads_over_tp(m.kv_heads, p.tp, p.kv_replicator)

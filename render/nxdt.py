@@ -13,11 +13,15 @@ renders the conversion flags, so the two cannot disagree.
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 import yaml
 
 from pretrain.spec import PretrainSpec
+from render.convert_command import expected_config
+from trainer.model_shape import config_mismatches
 from render.dataset_files import blend, gpt2_bpe_files
 
 MASTER_PORT = 41000  # train_setup.sh's fixed rendezvous port
@@ -113,6 +117,29 @@ def _checkpointing_and_fusions(spec: PretrainSpec) -> dict[str, Any]:
     return {"activations_checkpoint_granularity": "selective",
             "activations_checkpoint_recompute": list(n.activations_checkpoint_recompute),
             "fusions": dict(n.fusions)}
+
+
+class ModelConfigMismatch(ValueError):
+    retryable = False  # the same file says the same thing next time
+
+
+def check_model_config(spec: PretrainSpec) -> None:
+    """NxDT's Llama model takes its heads, KV heads, feed-forward width and vocabulary from
+    ``backend.neuron.hf_config`` (``model_config``), and from the YAML only what it overrides
+    (layers, hidden size, positions, RoPE base): a config.json of another shape would train
+    another model than the spec, checks and all, describes. Read where the flow reads it (after
+    fetch brought an hf:// one), before any job is queued."""
+    if not spec.backend.neuron.hf_config:
+        raise ModelConfigMismatch("backend.neuron.hf_config is not set, and NxDT builds its Llama model from a "
+                                  "config.json: name the model's (a path, or hf://ORG/NAME)")
+    path = Path(spec.backend.neuron.hf_config).expanduser()
+    if not path.is_file():
+        raise ModelConfigMismatch(f"backend.neuron.hf_config={path}: no such file on this machine; give the "
+                                  "config.json of the model the spec describes")
+    if wrong := config_mismatches(json.loads(path.read_text()), list(expected_config(spec).items())):
+        raise ModelConfigMismatch(f"backend.neuron.hf_config={path} does not describe the model of the spec, and "
+                                  f"NxDT builds the model from it: {'; '.join(wrong)}. Point hf_config at the "
+                                  "config.json of the model the spec describes, or fix the spec's model section")
 
 
 def _llama(spec: PretrainSpec, data_dir: str, init_checkpoint: str | None) -> dict[str, Any]:

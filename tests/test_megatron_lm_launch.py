@@ -123,6 +123,8 @@ def test_what_the_gpt3_launch_would_train_otherwise_is_refused_in_the_spec():
         load_spec("gpt3-7.5b-gpu", ["training.train_samples=null", "training.train_steps=1000"])
     with pytest.raises(SpecError, match="training.warmup_steps=5000 and backend.megatron_lm.lr_warmup_samples=183105"):
         load_spec("gpt3-7.5b-gpu", ["training.warmup_steps=5000"])
+    with pytest.raises(SpecError, match="only NxDT's Llama model places its stages by cuts"):
+        load_spec("gpt3-7.5b-gpu", ["parallel.tp=4", "parallel.pp=2", "parallel.pipeline_cuts=[model.layers.20]"])
     # mixed precision is Megatron's --bf16 (fp32 main weights), not fp32
     assert "--bf16" in pretrain_gpt_args(load_spec("gpt3-7.5b-gpu", ["training.precision=mixed_precision"]), "/d", "/c")
     assert "--bf16" not in pretrain_gpt_args(load_spec("gpt3-7.5b-gpu", ["training.precision=fp32"]), "/d", "/c")

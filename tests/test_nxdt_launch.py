@@ -48,6 +48,10 @@ def test_a_spec_without_recompute_or_fusions_gets_its_familys_published_ones():
                                               "mixed_precision disagree, and NxDT reads only precision_type"),
     ("megatron-gpt-6.7b", "backend.neuron.precision_type=fp32", "training.precision=mixed_precision and "
                                                                 "backend.neuron.precision_type=fp32 disagree"),
+    # what NxDT's GPT model never reads
+    ("megatron-gpt-6.7b", "parallel.kv_replicator=2", "parallel.kv_replicator=2: NxDT replicates KV heads in its "
+                                                      "Llama attention only"),
+    ("megatron-gpt-6.7b", "parallel.pipeline_cuts=[model.layers.10]", "only NxDT's Llama model places its stages"),
 ])
 def test_what_nxdt_would_refuse_is_refused_with_the_field_named(preset, override, message):
     with pytest.raises(SpecError, match=re.escape(message)):

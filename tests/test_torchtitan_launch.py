@@ -175,6 +175,7 @@ def test_trn2_torchneuron_renders_a_rank_per_neuroncore_and_the_neuron_compiler(
     ([BF16, "backend.torchtitan.config=llama3_8b"], "config='llama3_8b' trains a 8b model, not flavour=70B"),
     (["training.eval_iters=10"], "torchtitan validates on a dataset of its own"),
     (["data.split=90,10,0"], "set training.eval_iters=0 and data.split='100,0,0'"),
+    (["tokenizer.append_eod=false"], "torchtitan's loader ends every document with the tokenizer's end-of-text"),
     # pipeline schedules, as torchtitan and torch.distributed.pipelining refuse them at the first step
     (["parallel.pp=2", "training.micro_batch_size=1"], "1F1B needs at least pp microbatches a step"),
     (["parallel.pp=2", "backend.torchtitan.pipeline_schedule=Interleaved1F1B", "training.micro_batch_size=5",

@@ -6,18 +6,21 @@ Trainium and no Neuron SDK here."""
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 from pathlib import Path
 
 import pytest
 
+from flows.pretrain import run_stages
 from pretrain.presets import load_spec
-from render.nxdt import torchrun_command
+from render.nxdt import ModelConfigMismatch, check_model_config, torchrun_command
 from render.nxdt_scripts import precompile_script, train_config, train_script
 from render.shell import shell_line
 from tasks.attempts import MetricsFollower
 from tasks.train_nxdt import compile_rows, newest_checkpoint
+from test_formats import ASSETS
 
 CONVERTED = "/fsx/converted/checkpoint"
 # NxDT's regex for the data position in a checkpoint path (lightning_modules/data/base.py)
@@ -157,3 +160,33 @@ def test_every_backend_runs_the_device_sampler_beside_its_launch_on_each_node(sp
     assert command.argv == ["bash", str(tmp_path / "train.sh")] and command.sidecar == expected
     megatron = load_spec("gpt3-7.5b-gpu", ["training.monitor_interval_s=2"])
     assert megatron_node_command(megatron, "/fsx/data/oscar_text_document", tmp_path).sidecar == expected
+
+
+# The config.json of Meta's Llama 3 70B and 8B on the Hugging Face Hub (meta-llama/Meta-Llama-3-70B,
+# meta-llama/Meta-Llama-3-8B), the fields of their shape.
+LLAMA3_70B_CONFIG = {"hidden_size": 8192, "intermediate_size": 28672, "num_attention_heads": 64,
+                     "num_hidden_layers": 80, "num_key_value_heads": 8, "vocab_size": 128256}
+LLAMA3_8B_CONFIG = {"hidden_size": 4096, "intermediate_size": 14336, "num_attention_heads": 32,
+                    "num_hidden_layers": 32, "num_key_value_heads": 8, "vocab_size": 128256}
+
+
+def test_a_config_json_of_another_model_is_refused_before_any_stage_runs(tmp_path):
+    """NxDT's Llama takes its heads, KV heads, feed-forward width and vocabulary from hf_config's
+    config.json, only layers and hidden size from the YAML: the 8B's config.json under the 70B
+    spec would train neither. The flow refuses it, naming each field, before fetch."""
+    seventy, eight = tmp_path / "70b" / "config.json", tmp_path / "8b" / "config.json"
+    for path, config in ((seventy, LLAMA3_70B_CONFIG), (eight, LLAMA3_8B_CONFIG)):
+        path.parent.mkdir()
+        path.write_text(json.dumps({**config, "model_type": "llama", "rope_theta": 500000.0}))
+    one_node = ["cluster.nodes=1", "cluster.devices_per_node=32", "parallel.pp=1", "parallel.pipeline_cuts=[]",
+                f"tokenizer.path={ASSETS / 'hf'}", f"paths.root={tmp_path / 'root'}"]
+    check_model_config(load_spec("llama3-70b", [*one_node, f"backend.neuron.hf_config={seventy}"]))
+    spec = load_spec("llama3-70b", [*one_node, f"backend.neuron.hf_config={eight}"])
+    with pytest.raises(ModelConfigMismatch, match=re.escape(
+            f"backend.neuron.hf_config={eight} does not describe the model of the spec, and NxDT builds the model "
+            "from it: num_hidden_layers is 32, the spec says 80; hidden_size is 4096, the spec says 8192; "
+            "intermediate_size is 14336, the spec says 28672; num_attention_heads is 32, the spec says 64")):
+        run_stages(spec, ["fetch", "tokenize", "train"])
+    assert not (tmp_path / "root").exists()  # nothing fetched
+    with pytest.raises(ModelConfigMismatch, match="no such file on this machine"):
+        check_model_config(load_spec("llama3-70b", [*one_node, f"backend.neuron.hf_config={tmp_path / 'none.json'}"]))

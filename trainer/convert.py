@@ -38,6 +38,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from trainer import xser as xser_format
+from trainer.model_shape import config_mismatches, with_defaults
 from trainer.nxdt_layout import QKV_NAMES, LayoutError, NxdtLayout
 from trainer.records import emit
 
@@ -184,21 +185,12 @@ class HFCheckpoint:
         return self._read(key, (slice(None),))
 
 
-def with_defaults(config: dict) -> dict:
-    """config.json with Hugging Face's defaults for the fields a Llama config may leave out."""
-    heads = config["num_attention_heads"]
-    head_dim = config.get("head_dim") or config["hidden_size"] // heads
-    return {"num_key_value_heads": heads, **config, "head_dim": head_dim}
-
-
 def check_expected(config: dict, path: Path, expected: list[tuple[str, int]]) -> None:
     """The NxDT YAML takes the model's shape from the spec, the shards take it from config.json
     (NxD's converter reads the heads, hidden size and layers from ``--config``:
     aws-neuron/neuronx-distributed ``src/neuronx_distributed/scripts/checkpoint_converter.py``): a
     checkpoint of another shape is refused before it is sharded."""
-    config = with_defaults(config)
-    if wrong := [f"{field} is {config.get(field, 'absent')}, the spec says {value}"
-                 for field, value in expected if config.get(field) != value]:
+    if wrong := config_mismatches(config, expected):
         raise ConvertError(f"{path} does not describe the model of the spec: {'; '.join(wrong)}. Point "
                            "model.init_from at the checkpoint the spec describes, or fix the spec's model section")
 

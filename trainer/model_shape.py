@@ -11,6 +11,21 @@ the converter's flags come from those fields) and the fix.
 from __future__ import annotations
 
 
+def with_defaults(config: dict) -> dict:
+    """A Llama config.json with Hugging Face's defaults for the fields it may leave out."""
+    heads = config["num_attention_heads"]
+    head_dim = config.get("head_dim") or config["hidden_size"] // heads
+    return {"num_key_value_heads": heads, **config, "head_dim": head_dim}
+
+
+def config_mismatches(config: dict, expected: list[tuple[str, int]]) -> list[str]:
+    """Each field of a Llama config.json that differs from ``expected``, said as "FIELD is X, the
+    spec says Y"."""
+    config = with_defaults(config)
+    return [f"{field} is {config.get(field, 'absent')}, the spec says {value}"
+            for field, value in expected if config.get(field) != value]
+
+
 def divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
