@@ -30,7 +30,7 @@ from pretrain.loss_curve import RunSummary, metrics_summary, package_versions
 from pretrain.hub_refs import spec_references
 from pretrain.presets import load_spec
 from pretrain.spec import PretrainSpec
-from pretrain.stages import STAGES, Stage, refuse_not_run
+from pretrain.stages import STAGES, Stage, not_run, refuse_not_run
 from tasks.convert import convert
 from tasks.fetch import fetch, fetch_hub_files
 from tasks.image import build_image
@@ -75,6 +75,7 @@ def run_stages(spec: PretrainSpec, stages: list[str] | None = None,
     if stages is not None:
         refuse_not_run(spec, stages)
     selected = set(STAGES if stages is None else stages)
+    runs = set(STAGES) - set(not_run(spec))  # the stages the backend has a job for
     stage = stage or StageTimer()
     outputs = stage.outputs
     stage("preflight", preflight, spec, sorted(selected))
@@ -97,7 +98,7 @@ def run_stages(spec: PretrainSpec, stages: list[str] | None = None,
     outputs["tokenize"] = dataset
     if spec.backend.kind == "neuron":
         checkpoint = None
-        if spec.model.init_from and selected & {"convert", "precompile", "train"}:
+        if "convert" in runs and selected & {"convert", "precompile", "train"}:
             checkpoint = stage("convert", convert, spec, reuse_only="convert" not in selected)
             outputs["convert"] = checkpoint
         if "precompile" in selected:
@@ -106,14 +107,14 @@ def run_stages(spec: PretrainSpec, stages: list[str] | None = None,
             outputs["train"] = stage("train", train_nxdt, spec, dataset, checkpoint, outputs.get("precompile"))
     elif spec.backend.kind == "native":
         nodes = None
-        if spec.backend.native.compile and "precompile" in selected:
+        if "precompile" in runs and "precompile" in selected:
             outputs["precompile"] = stage("precompile", precompile_native, spec, dataset, data_dir)
             nodes = outputs["precompile"]["nodes"]
         if "train" in selected:
             outputs["train"] = stage("train", train, spec, dataset, data_dir, nodelist=nodes)
     elif spec.backend.kind == "megatron-lm":
         image = None
-        if spec.backend.megatron_lm and spec.backend.megatron_lm.image and selected & {"image", "train"}:
+        if "image" in runs and selected & {"image", "train"}:
             image = stage("image", build_image, spec, reuse_only="image" not in selected)
             outputs["image"] = image
         if "train" in selected:

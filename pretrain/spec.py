@@ -477,7 +477,7 @@ class NativeSpec(Restarts):
 
 
 # torchtitan 0.3.0's Llama 3 flavours (``model_registry`` in torchtitan/models/llama3/__init__.py):
-# layers, hidden, heads, KV heads, vocabulary. The model is torchtitan's, so the spec's shape must
+# layers, hidden, heads, KV heads, vocabulary, feed-forward. The model is torchtitan's, so the spec's shape must
 # be the flavour's, or the loss curve and the HF weights would belong to another model.
 TORCHTITAN_FLAVOURS: dict[str, tuple[int, int, int, int, int, int]] = {
     "debugmodel": (6, 256, 16, 16, 2048, 768), "1B": (16, 2048, 32, 8, 128256, 8192),
