@@ -159,7 +159,7 @@ class Soak:
                 f"training.global_batch_size={2 * math.lcm(*range(1, a.nodes + 1))}",
                 f"training.train_steps={a.steps}", f"training.checkpoint_interval={a.checkpoint_interval}",
                 "training.eval_iters=0", f"training.seed={a.seed}", "backend.native.compile=false",
-                "backend.native.export_hf=false", "backend.native.max_restarts=30"]
+                "backend.native.export_hf=false", "backend.native.max_attempts_without_checkpoint=30"]
 
     def trigger(self, stages: list[str] | None = None) -> str:
         from prefect.deployments import run_deployment

@@ -86,7 +86,7 @@ def main() -> None:
     print(f"corpus: {documents} documents; torchtitan {spec.backend.torchtitan.registry}", flush=True)
 
     run = work / "run"
-    command = node_command(spec, str(loader_view(fetched, run)), run)
+    command = node_command(spec, str(loader_view(fetched, run, spec.data)), run)
     env = {**os.environ, **command.env, "NNODES": "1", "NODE_RANK": "0", "MASTER_ADDR": "127.0.0.1",
            "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     print("launch:", command.argv[-1], flush=True)

@@ -6,10 +6,24 @@ grants it (partition, account, container runtime, setup lines).
 
 from __future__ import annotations
 
+import re
 from typing import Literal
 
 from prefect.blocks.core import Block
-from pydantic import Field
+from pydantic import Field, field_validator
+
+_VARIABLE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def variable_names(env: dict[str, str]) -> dict[str, str]:
+    """A block's mapping of variables (``env``), refused when a name is not one a shell can export
+    (POSIX: letters, digits and underscores, not starting with a digit); pydantic's error names the
+    field."""
+    for name in env:
+        if not _VARIABLE.fullmatch(name):
+            raise ValueError(f"{name!r} is not a variable name a shell can export; use letters, digits and "
+                             "underscores, not starting with a digit")
+    return env
 
 
 class SlurmCluster(Block):
@@ -25,7 +39,11 @@ class SlurmCluster(Block):
     partition: str | None = Field(None, description="Slurm partition (sbatch --partition).")
     account: str | None = Field(None, description="sbatch --account.")
     qos: str | None = Field(None, description="sbatch --qos.")
-    exclusive: bool = Field(False, description="Whole nodes (sbatch --exclusive); Trainium jobs need it.")
+    exclusive: bool = Field(
+        True,
+        description="Precompile and training jobs on more than one node, or on Trainium, take whole nodes "
+        "(sbatch --exclusive), as the runbooks launch them; False lets them share nodes with other jobs (a site "
+        "whose partition is shared). Other stages' one-node jobs always may share.")
     gres: str | None = Field(None, description="Generic resources, e.g. 'gpu:8' or a site's Neuron GRES.")
     nodelist: list[str] = Field(default_factory=list, description="Run only on these nodes.")
     exclude: list[str] = Field(default_factory=list, description="Never run on these nodes.")
@@ -39,6 +57,11 @@ class SlurmCluster(Block):
         default_factory=list,
         description="Shell lines run in the batch script before srun (module load, venv activate).",
     )
+    env: dict[str, str] = Field(
+        default_factory=dict,
+        description="The site's own variables, exported in every job before the setup lines (e.g. "
+        "{'PRETRAIN_PEAK_TFLOPS': '95'}). A job inherits only PATH, the venv, HOME and the locale from the "
+        "worker's shell; anything else it needs goes here or in the setup lines.")
     python: str | None = Field(
         None, description="Python on the compute nodes; defaults to the interpreter of the flow."
     )
@@ -60,3 +83,8 @@ class SlurmCluster(Block):
         description="Shared-filesystem directory for job scripts and logs; defaults to "
         "<paths.root>/jobs of the spec.",
     )
+
+    @field_validator("env")
+    @classmethod
+    def _env_names(cls, env: dict[str, str]) -> dict[str, str]:
+        return variable_names(env)

@@ -11,7 +11,25 @@ from __future__ import annotations
 from typing import Literal
 
 from prefect.blocks.core import Block
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from blocks.cluster import variable_names
+
+# The network settings of the EKS runbook's PyTorchJob (aws-samples/awsome-distributed-training,
+# 3.test_cases/megatron/megatron-lm/kubernetes/gpt3/manifests/pytorchjob.yaml-template, its
+# container's env): libfabric's EFA provider (the template's ${FI_PROVIDER}; efa is the provider of
+# the nodes' EFA interfaces) with GPUDirect RDMA and fork safety, NCCL's sockets on any interface
+# but loopback, NCCL errors that end the process instead of hanging it, and NCCL's INFO log, which
+# says which transport each communicator chose. The template's debugging and tracing settings
+# (TORCH_DISTRIBUTED_DEBUG, the NCCL trace dumps to its hostPath /local) are left out.
+RUNBOOK_NETWORK_ENV = {
+    "FI_PROVIDER": "efa",
+    "FI_EFA_USE_DEVICE_RDMA": "1",
+    "FI_EFA_FORK_SAFE": "1",
+    "NCCL_SOCKET_IFNAME": "^lo",
+    "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",
+    "NCCL_DEBUG": "INFO",
+}
 
 
 class Toleration(BaseModel):
@@ -76,6 +94,21 @@ class KubernetesCluster(Block):
         "0 probes before every such run.")
     image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"
     priority_class: str | None = Field(None, description="priorityClassName of the pods.")
+    network_env: dict[str, str] = Field(
+        default_factory=lambda: dict(RUNBOOK_NETWORK_ENV),
+        description="Network variables of every pod: by default the EKS runbook's PyTorchJob's (EFA through "
+        "libfabric, NCCL's interfaces, error handling and log; blocks/kubernetes.py RUNBOOK_NETWORK_ENV cites the "
+        "template); {} for a cluster without EFA.")
+    env: dict[str, str] = Field(
+        default_factory=dict,
+        description="The site's own variables, in every pod (e.g. {'PRETRAIN_PEAK_TFLOPS': '989'}); one that "
+        "network_env names too takes this value. A stage's own variables (its command's, NNODES, NODE_RANK, "
+        "MASTER_ADDR, MASTER_PORT, NODE_NAME) take theirs over both.")
+
+    @field_validator("network_env", "env")
+    @classmethod
+    def _env_names(cls, env: dict[str, str]) -> dict[str, str]:
+        return variable_names(env)
 
 
 def runbook_cluster() -> KubernetesCluster:

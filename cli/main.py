@@ -48,9 +48,10 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _plan(args: argparse.Namespace) -> int:
-    from flows.plan import plan, plan_table
+    from flows.plan import checkpoint_advice, plan, plan_table
 
     print(plan_table(plan(args.loaded)))
+    print("\n" + "\n".join(checkpoint_advice(args.loaded)))
     return 0
 
 
@@ -104,6 +105,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="override a field of tiny-local, e.g. --set training.train_steps=40 (repeatable)")
     p.set_defaults(fn=_demo)
     args = parser.parse_args(argv)
+    from deployments.ephemeral import configure_ephemeral_server
+
+    configure_ephemeral_server()  # before anything imports Prefect, whose settings it changes
     if hasattr(args, "spec"):
         from pretrain.presets import SpecError, load_spec
 
@@ -112,7 +116,19 @@ def main(argv: list[str] | None = None) -> int:
         except SpecError as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 2
-    return args.fn(args)
+    try:
+        return args.fn(args)
+    except Exception as exc:
+        # A source, credentials block or Hub reference that cannot be read as the spec asks (a Secret
+        # block not saved, a gated repository) is bad input too, and its message names the field and
+        # the fix; anything else is a bug and keeps its traceback. Imported here: validate needs none
+        # of the transfer engine.
+        from pretrain.transfer import FetchError
+
+        if not isinstance(exc, FetchError):
+            raise
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

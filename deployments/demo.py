@@ -27,29 +27,6 @@ BUCKET = "pretrain-demo"
 CREDENTIALS_BLOCK = "local-s3"
 
 
-# Settings of the ephemeral Prefect API server the demo runs on (a subprocess that inherits this
-# process's environment), each kept where the user set it already:
-# - it migrates a new database before it answers: on a fresh machine with two busy cores that took
-#   longer than Prefect's default 20 s wait (seen in CI);
-# - its telemetry service (prefect.server.services.telemetry, on by default) writes a session row
-#   to the server's SQLite database as soon as the server is up, while the server's other services
-#   and the flow's first API calls write too. SQLite takes one writer at a time: on a busy machine
-#   the service lost the lock and logged a full SQLAlchemy traceback ("database is locked") before
-#   anything else of the demo, and offline its heartbeat to Prefect's servers fails with an error
-#   line. A local demo has no business reporting to Prefect; the local stack's server
-#   (deployments/stack/prefect_server.py) and the tests turn the service off the same way.
-EPHEMERAL_SERVER_SETTINGS = {
-    "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "120",
-    "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-}
-
-
-def configure_ephemeral_server() -> None:
-    """Set :data:`EPHEMERAL_SERVER_SETTINGS` before the first flow run starts the server."""
-    for name, value in EPHEMERAL_SERVER_SETTINGS.items():
-        os.environ.setdefault(name, value)
-
-
 def seed_corpus(endpoint: str) -> None:
     """Two shards under s3://pretrain-demo/corpus/, one zstd-compressed like real dumps."""
     s3 = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1",
@@ -123,7 +100,6 @@ def main(inputs_only: bool = False, overrides: list[str] | None = None) -> int:
     credentials block in the Prefect API this process talks to, the tokenizer) and run nothing,
     for ``prefect deployment run pretrain/tiny-local`` against the stack's server.
     ``overrides``: spec fields to change, as ``pretrain run --set`` takes them."""
-    configure_ephemeral_server()
     components = ["s3"]
     if os.geteuid() == 0 and shutil.which("slurmctld") and not inputs_only:
         components.insert(0, "slurm")

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from pretrain import manifest
+from pretrain import checkpoint_interval, manifest
 from pretrain.hub import hub_key_inputs, resolve_commit
 from pretrain.hub_refs import download_patterns, local_value, spec_references, with_local_values
 from pretrain.spec import PretrainSpec
@@ -94,8 +94,9 @@ def plan(spec: PretrainSpec) -> list[StagePlan]:
     if "image" not in skipped:
         image = spec.backend.megatron_lm.image
         rows["image"] = _keyed(spec, "image", image_key_inputs(image, project_files() if image.install_project else {}))
-    rows["train"] = StagePlan("train", "run", "never cached: a new flow run trains afresh; a retry resumes "
-                              "from its newest complete checkpoint")
+    rows["train"] = StagePlan("train", "run", "never cached: continues this spec's run from its newest complete "
+                              "checkpoint, if it has one (a new flow run too, unless training.continue_run is false), "
+                              "as a chain of jobs of cluster.time_limit_min each")
     return hub + [rows[stage] for stage in STAGES]
 
 
@@ -107,6 +108,13 @@ def _tokenize(spec: PretrainSpec, fetch: StagePlan, hub_files_local: bool) -> St
     if (dataset := pretokenized(Path(fetch.output))) is not None:
         return StagePlan("tokenize", "hand on", "the fetched data is tokenized already", output=dataset)
     return _keyed(spec, "tokenize", tokenize_key_inputs(spec, Path(fetch.output)))
+
+
+def checkpoint_advice(spec: PretrainSpec) -> list[str]:
+    """The checkpoint interval against the one Young/Daly's formula gives for the spec's node count
+    (docs/checkpoints.md), from the spec and stated assumptions; the run's chain artifact repeats it
+    with what the run measures."""
+    return checkpoint_interval.advice_lines(spec, checkpoint_interval.failure_inputs(spec), measured=False)
 
 
 def plan_table(stages: list[StagePlan]) -> str:

@@ -38,6 +38,7 @@ class Partition:
     name: str
     nodes: dict[str, str]  # node -> its sinfo state (idle, mixed, down*, drained, ...)
     gpus: dict[str, int]  # node -> GPUs in its GRES
+    cpus: dict[str, int]  # node -> its CPUs
     max_nodes: int | None  # the largest job it takes, in nodes; None: no limit
 
     @property
@@ -54,21 +55,21 @@ def gres_gpus(gres: str) -> int:
 
 def parse_partition(name: str | None, node_lines: str, size_lines: str) -> Partition | None:
     """The partition ``name`` (the default one, marked ``*``, when None) from
-    ``sinfo -h -N -o %N|%T|%G|%P`` (a line per node and partition) and ``sinfo -h -o %P|%s`` (a
+    ``sinfo -h -N -o %N|%T|%G|%c|%P`` (a line per node and partition) and ``sinfo -h -o %P|%s`` (a
     line per partition and node state: ``debug*|1-infinite``, ``trn1|1-16``)."""
     def wanted(partition: str) -> bool:
         return partition.rstrip("*") == name if name is not None else partition.endswith("*")
 
-    nodes, gpus = {}, {}
-    for node, state, gres, partition in _fields(node_lines, 4):
+    nodes, gpus, cpus = {}, {}, {}
+    for node, state, gres, cpu_count, partition in _fields(node_lines, 5):
         if wanted(partition):
-            nodes[node], gpus[node] = state, gres_gpus(gres)
+            nodes[node], gpus[node], cpus[node] = state, gres_gpus(gres), int(cpu_count)
     found = [(partition.rstrip("*"), size.split("-")[-1]) for partition, size in _fields(size_lines, 2)
              if wanted(partition)]
     if not found:
         return None
     largest = found[0][1]
-    return Partition(found[0][0], nodes, gpus, int(largest) if largest.isdigit() else None)
+    return Partition(found[0][0], nodes, gpus, cpus, int(largest) if largest.isdigit() else None)
 
 
 def _fields(text: str, count: int) -> list[list[str]]:
@@ -83,4 +84,4 @@ def read_partition(name: str | None) -> Partition | None:
             raise RuntimeError(f"sinfo failed: {out.stderr.strip()}")
         return out.stdout
 
-    return parse_partition(name, sinfo("-N -o %N|%T|%G|%P"), sinfo("-o %P|%s"))
+    return parse_partition(name, sinfo("-N -o %N|%T|%G|%c|%P"), sinfo("-o %P|%s"))

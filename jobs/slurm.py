@@ -12,6 +12,7 @@ import atexit
 import functools
 import logging
 import re
+import shlex
 import shutil
 import signal
 import socket
@@ -72,17 +73,43 @@ class JobRequest:
     # GPUs per node (--gpus-per-node), for jobs that train on NVIDIA GPUs; a cluster block's own
     # gres setting takes their place.
     gpus_per_node: int | None = None
+    # Whole nodes (--exclusive), unless the cluster block lets jobs share them: stage_request says
+    # which jobs ask.
+    exclusive: bool = False
+
+
+# The NxD Training runbooks launch every precompile and training job on trn1.32xlarge and
+# trn2.48xlarge alike as `sbatch --exclusive --nodes N --cpus-per-task 128 --wrap "srun ..."`
+# (AWS Neuron documentation, NxD Training tutorials: "Megatron GPT pretraining", "Llama3 70B
+# pretraining"; aws-samples/awsome-distributed-training 3.test_cases/pytorch/neuronx-distributed).
+TRAINIUM_CPUS_PER_TASK = 128
+
+
+def takes_whole_nodes(spec: Any) -> bool:
+    """Whether the training's jobs (precompile, train, and the preflight's probe shaped like them)
+    ask for whole nodes. A job on several nodes does: its ranks wait on each other, so one slowed
+    by a neighbour's job slows them all, as the runbooks' `--exclusive` avoids. A Trainium job
+    does on one node too: the runbooks' clusters do not schedule NeuronCores as GRES, so only a
+    whole node keeps another job off its devices. A one-node CPU or GPU job need not (Slurm's
+    GRES gives it its GPUs alone), and so shares nodes, as tiny-local's jobs share the local
+    stack's 2-CPU node with the suite's other jobs."""
+    return spec.cluster.nodes > 1 or spec.backend.trainium
 
 
 def stage_request(spec: Any, name: str, command: Callable[[], Any], **shape: Any) -> JobRequest:
     """A job of one stage, shaped by the spec's cluster section (nodes, CPUs and memory per task,
-    time limit, the GPUs of a CUDA backend); ``shape`` overrides (a one-node job without GPUs, a
-    stop signal). Every task submits through
+    time limit, the GPUs of a CUDA backend, whole nodes: :func:`takes_whole_nodes`, with the
+    runbooks' CPUs per task on Trainium unless the spec sets them); ``shape`` overrides (a one-node
+    job without GPUs on a shared node, a stop signal). Every task submits through
     this, and the dry run renders its sbatch scripts through it."""
     c, backend = spec.cluster, spec.backend
     defaults = {"time_limit_min": c.time_limit_min, "nodes": c.nodes, "cpus_per_task": c.cpus_per_task,
-                "mem_gb": c.mem_gb, "gpus_per_node": c.devices_per_node if backend.cuda else None}
-    return JobRequest(name, command, **{**defaults, **shape})
+                "mem_gb": c.mem_gb, "gpus_per_node": c.devices_per_node if backend.cuda else None,
+                "exclusive": takes_whole_nodes(spec)}
+    request = {**defaults, **shape}
+    if request["cpus_per_task"] is None and request["exclusive"] and backend.trainium:
+        request["cpus_per_task"] = TRAINIUM_CPUS_PER_TASK
+    return JobRequest(name, command, **request)
 
 
 @dataclass(frozen=True)
@@ -223,16 +250,28 @@ def executor_kind(cluster: SlurmCluster) -> str:
     return "slurm" if slurm_available() else "local"
 
 
+# What a job takes from the shell that submits it (sbatch --export; Slurm adds every SLURM_*
+# variable, SLURM_CONF among them, and the user's login environment on the node): the interpreter
+# and where it finds its modules and tools (the worker's venv), the user's home, locale and scratch.
+# Everything else a stage's program reads, its job sets (the command's own environment, the block's
+# env and setup lines), so what is left in the worker's shell (COMPILE=1 from an NxDT compile run by
+# hand, a token, the Prefect API's credentials) never reaches a job. sbatch's default, ALL, would
+# hand on the whole shell.
+INHERITED_ENVIRONMENT = ("PATH", "VIRTUAL_ENV", "PYTHONPATH", "HOME", "USER", "LANG", "LC_ALL", "TMPDIR")
+
+
 def slurm_parameters(cluster: SlurmCluster, request: JobRequest) -> dict[str, Any]:
-    """submitit SlurmExecutor parameters: the request's shape with the site's settings."""
+    """submitit SlurmExecutor parameters: the request's shape with the site's settings; the
+    block's ``env`` is exported before its setup lines, which may build on it."""
     params: dict[str, Any] = {
         "job_name": request.name,
         "time": request.time_limit_min,
         "nodes": request.nodes,
         "ntasks_per_node": request.tasks_per_node,
         "signal_delay_s": request.signal_delay_s,
-        "setup": list(cluster.setup),
-        "additional_parameters": {**multi_node_options(request.nodes), **cluster.sbatch_options},
+        "setup": [*(f"export {name}={shlex.quote(value)}" for name, value in cluster.env.items()), *cluster.setup],
+        "additional_parameters": {"export": ",".join(INHERITED_ENVIRONMENT), **multi_node_options(request.nodes),
+                                  **cluster.sbatch_options},
     }
     optional = {
         "cpus_per_task": request.cpus_per_task,
@@ -242,16 +281,20 @@ def slurm_parameters(cluster: SlurmCluster, request: JobRequest) -> dict[str, An
         "qos": cluster.qos,
         "gres": cluster.gres,
         "gpus_per_node": None if cluster.gres else request.gpus_per_node,
-        "exclusive": True if cluster.exclusive else None,
+        "exclusive": True if cluster.exclusive and request.exclusive else None,
         "nodelist": ",".join(cluster.nodelist) or None,
         "exclude": ",".join(sorted({*cluster.exclude, *request.exclude})) or None,
     }
     params.update({k: v for k, v in optional.items() if v is not None})
+    # The batch script's srun would take sbatch's --export list too (SLURM_EXPORT_ENV), dropping what
+    # the script itself exports (the block's env, setup lines, submitit's SUBMITIT_EXECUTOR): its step
+    # gets the batch script's environment whole, already cleared of the submitting shell.
+    srun_args = ["--export=ALL"]
     if cluster.container_image:
-        srun_args = [f"--container-image={cluster.container_image}"]
+        srun_args.append(f"--container-image={cluster.container_image}")
         if cluster.container_mounts:
             srun_args.append(f"--container-mounts={','.join(cluster.container_mounts)}")
-        params["srun_args"] = srun_args
+    params["srun_args"] = srun_args
     return params
 
 

@@ -7,7 +7,8 @@
   Lightning's sanity-check and validation bars and its training bars before the first log
   (``MetricsStream.loop_bars``); its checkpoint and early-stopping callbacks' lines, the limit that
   stopped its fit loop and NeMo's removal of a checkpoint, on their steps.
-- torchtitan: its step line (``[titan] <time> - root - INFO - step: 200  loss: 6.1384 ...``),
+- torchtitan: its step line (``[titan] <time> - root - INFO - step: 200  loss: 6.1384 ...``) and its
+  validator's (``validate step: 10  loss:  5.1234 ...``, as ``val_loss``),
   with or without ANSI colours and torchrun's ``[rank0]:`` prefix.
 - NxD Llama examples: ``step 1 step_time 244.76s throughput 3.93 seq/s loss 13.41 grad norm 1.97``.
 - Megatron-LM: ``training_log``'s iteration line, with or without its timestamp prefix (kept as
@@ -103,6 +104,9 @@ _SKY_PREFIX = re.compile(r"\((?:([^(),=\s]+),? )?(?:rank=(\d+), )?pid=(\d+)(?:, 
 # since 2025. tps and tflops are per device.
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 _TITAN_STEP = re.compile(r"(?<!validate )\bstep:\s*(\d+)\s+loss:")
+# its validator's line (``log_validation`` in torchtitan 0.3.0's torchtitan/components/metrics.py):
+# "validate step: 10  loss:  5.1234  memory: 12.34GiB(15.62%)  tps: 45,678", coloured the same way
+_TITAN_VALIDATE = re.compile(r"\bvalidate step:\s*(\d+)\s+loss:\s*([-\d.]+|nan|inf)(?=\s|$)")
 _TITAN_TIME = re.compile(r"\[titan\] (\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3})")
 _TITAN_RANK = re.compile(r"^\[rank(\d+)\]:")
 _TITAN_FIELD = re.compile(r"(\w+):\s*([-\d,.]+|nan|inf)(?:GiB\(([\d.]+)%\)|%)?(?=\s|$)")
@@ -456,14 +460,19 @@ def _megatron_eval(line: str, stream: MetricsStream) -> bool:
 
 
 def _torchtitan(line: str, stream: MetricsStream) -> bool:
-    """A torchtitan step line; its validation line ("validate step:") is not read: no published
-    one could be traced to its source."""
+    """A torchtitan step line, or its validator's line, whose loss is the step's ``val_loss`` (the
+    native trainer's and Megatron-LM's name)."""
     if "step:" not in line:  # most lines of a log reach this parser: spare them the substitution
         return False
     line = _ANSI.sub("", line)
-    match = _TITAN_STEP.search(line)
+    validated = _TITAN_VALIDATE.search(line)
+    match = validated or _TITAN_STEP.search(line)
     if not match:
         return False
+    if validated:
+        # the loss alone: the step's time and rank are its training line's
+        stream.add(int(validated.group(1)), {"val_loss": float(validated.group(2))})
+        return True
     metrics: dict[str, float] = {}
     if stamp := _TITAN_TIME.search(line):
         metrics["time"] = datetime.fromisoformat(f"{stamp.group(1)}.{stamp.group(2)}").timestamp()

@@ -48,10 +48,14 @@ def _merge(base: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:
 
 
 def _resolve(preset_or_path: str, seen: tuple[str, ...] = ()) -> tuple[dict[str, Any], Path]:
+    """A preset's name means the preset, whatever the current directory holds (a folder named after a
+    preset, say); anything else is the path of a spec file. The one rule for the command line and
+    for ``extends``."""
     path = Path(preset_or_path)
-    if not (path.suffix in (".yaml", ".yml") or path.exists()):
-        path = PRESETS_DIR / f"{preset_or_path}.yaml"
-        if not path.exists():
+    if path.suffix not in (".yaml", ".yml"):  # a YAML file's name goes to _read_yaml, which says what is wrong
+        if (PRESETS_DIR / f"{preset_or_path}.yaml").is_file():
+            path = PRESETS_DIR / f"{preset_or_path}.yaml"
+        elif not path.is_file():
             raise SpecError(f"unknown preset {preset_or_path!r}; available: {', '.join(list_presets())} "
                             "(or give the path of a spec YAML file)")
     if str(path) in seen:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import copy
 import os
 import re
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
@@ -230,7 +230,16 @@ class TrainingSpec(Strict):
     weight_decay: float = Field(0.1, ge=0)
     adam_betas: tuple[float, float] = (0.9, 0.95)
     grad_clip: float = Field(1.0, ge=0)
-    checkpoint_interval: int = Field(1000, gt=0, description="Steps between checkpoints.")
+    checkpoint_interval: int | Literal["auto"] = Field(
+        1000, description="Steps between checkpoints; auto: the interval that loses the least time to saves and "
+        "failures together (Young/Daly, docs/checkpoints.md), from the save stall and step time the run measures "
+        "(training.step_time_s until it has) and the cluster's failure rate, re-derived at each job's launch.")
+    step_time_s: float | None = Field(None, gt=0, description="Expected seconds per optimizer step at this scale (an "
+                                      "earlier run's, or the runbook's log): the checkpoint advice and the time-limit "
+                                      "check use it until the run has measured its own.")
+    continue_run: bool = Field(True, description="A new flow run of this spec continues its run from the newest "
+                               "checkpoint, reusing every finished stage; false: each flow run trains afresh in a "
+                               "directory of its own (as training.benchmark does). Another name starts another run too.")
     eval_interval: int = Field(1000, gt=0, description="Steps between validation runs.")
     eval_iters: int = Field(10, ge=0, description="Validation batches per run; 0 disables evaluation.")
     seed: int = 1234
@@ -238,6 +247,13 @@ class TrainingSpec(Strict):
     benchmark: bool = Field(False, description="Fixed steps, no evaluation: the nightly benchmark mode.")
     monitor_interval_s: float = Field(5.0, gt=0, description="Seconds between the device sampler's samples "
                                       "(python -m trainer monitor, one per node beside the ranks, every backend).")
+
+    @field_validator("checkpoint_interval")
+    @classmethod
+    def _positive_interval(cls, value: int | str) -> int | str:
+        if value != "auto" and value <= 0:
+            raise ValueError(f"training.checkpoint_interval={value}: give a positive number of steps, or auto")
+        return value
 
     @model_validator(mode="after")
     def _steps_xor_samples(self) -> TrainingSpec:
@@ -248,6 +264,9 @@ class TrainingSpec(Strict):
             raise ValueError("set training.train_steps or training.train_samples")
         if self.min_lr > self.lr:
             raise ValueError(f"training.min_lr={self.min_lr} is above training.lr={self.lr}")
+        if self.checkpoint_interval == "auto" and not self.step_time_s:
+            raise ValueError("training.checkpoint_interval=auto needs training.step_time_s, the expected seconds per "
+                             "step, for the first job (later jobs use the step time the run measures)")
         return self
 
     @property
@@ -257,27 +276,62 @@ class TrainingSpec(Strict):
         return self.train_steps or -(-self.train_samples // self.global_batch_size)
 
     @property
+    def checkpoint_steps(self) -> int:
+        """The interval every backend is launched with: ``auto`` is resolved into a number of steps
+        before anything is rendered (pretrain/checkpoint_interval.py)."""
+        if self.checkpoint_interval == "auto":
+            raise ValueError("training.checkpoint_interval=auto reached a launch unresolved: resolve it first "
+                             "(pretrain.checkpoint_interval.resolved)")
+        return self.checkpoint_interval
+
+    @property
     def eval_batches(self) -> int:
         """Validation batches per evaluation as every backend is launched: none in benchmark mode."""
         return 0 if self.benchmark else self.eval_iters
 
 
-class Restarts(Strict):
-    """How the train stage treats a job that dies, for every backend."""
+# Fields renamed when a run became a chain of jobs: the old name is refused, saying the new one.
+RENAMED_RESTART_FIELDS = {
+    "max_restarts": ("max_attempts_without_checkpoint", "it counted every resubmission, a time limit included, so a "
+                     "run of weeks gave up after a few jobs; the new field counts the jobs in a row that ended without "
+                     "advancing the newest checkpoint"),
+    "stop_signal_delay_s": ("save_before_limit_s", "every backend now saves before its time limit, by its own means"),
+}
 
-    max_restarts: int = Field(3, ge=0, description="Resubmissions of the training job after it dies "
-                              "(cancel, time limit, node failure, crash, hang); each resumes from the newest checkpoint.")
+
+class Restarts(Strict):
+    """How the train stage carries a run through the jobs it takes, for every backend."""
+
+    max_attempts_without_checkpoint: int = Field(
+        3, ge=0, description="The failure budget: jobs in a row that may end without advancing the run's newest "
+        "checkpoint (a crash, a hang, a node failure, a job that never got to save) before the run fails, naming "
+        "each job's error. A job that advanced it spends none, whatever ended it: at its time limit, preempted or "
+        "requeued, the next job goes out at once and the count starts again.")
     hang_timeout_min: float = Field(10.0, gt=0, description="Cancel and resubmit a run whose metrics have "
                                     "not advanced for this long.")
+    save_before_limit_s: int = Field(
+        600, ge=0, description="How long before each job's time limit it saves a checkpoint and exits, by the "
+        "backend's own means: Slurm's USR2 to the native trainer; Megatron-LM's --exit-duration-in-mins; NxD "
+        "Training's trainer.max_time. torchtitan has none: its checkpoint.interval alone. At least one step "
+        "(training.step_time_s) and a save.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _renamed(cls, data: Any) -> Any:
+        for old, (new, why) in RENAMED_RESTART_FIELDS.items():
+            if isinstance(data, dict) and old in data:
+                raise ValueError(f"{old}={data[old]} is no longer read ({why}): use {new}")
+        return data
 
 
 # NxD Training's published examples differ by model family in what they recompute and fuse
 # (examples/conf/megatron_gpt_config.yaml and hf_llama3_70B_config.yaml in
 # aws-neuron/neuronx-distributed-training, docs/nxdt-upstream.md): a spec that leaves them unset
-# gets its family's.
+# gets its family's. Only the GPT model reads init std and dropout from the conf; NxDT's Llama
+# takes them from its config.json.
 NXDT_FAMILY_DEFAULTS: dict[str, dict] = {
     "gpt": {"activations_checkpoint_recompute": ["CoreAttention"],
-            "fusions": {"softmax": True, "flash_attention": False}},
+            "fusions": {"softmax": True, "flash_attention": False}, "init_method_std": 0.021, "dropout": 0.1},
     "llama": {"activations_checkpoint_recompute": ["CoreAttention", "LlamaMLP"],
               "fusions": {"softmax": True, "flash_attention": True}},
 }
@@ -305,7 +359,13 @@ class NeuronSpec(Restarts):
     neuron_experimental_compress_rg: bool = False
     sequential_move_factor: int | None = Field(None, description="trn2 only (NxDT trainer.sequential_move_factor).")
     log_every_n_steps: int = 10
-    lr_constant_steps: int = Field(0, description="NxDT CosineAnnealing constant_steps.")
+    lr_constant_steps: int = Field(0, description="NxDT CosineAnnealing constant_steps: steps at min_lr after "
+                                   "the decay, which so ends at trainer.max_steps minus these (NxDT sets the "
+                                   "schedule's max_steps to the trainer's).")
+    init_method_std: float | None = Field(None, gt=0, description="GPT only: model.init_method_std. Unset: the "
+                                          "published 0.021.")
+    dropout: float | None = Field(None, ge=0, lt=1, description="GPT only: model.hidden_dropout, attention_dropout "
+                                  "and ffn_dropout. Unset: the published 0.1.")
     activations_checkpoint_recompute: list[str] | None = Field(
         None, description="Selective activation checkpointing: the modules recomputed. Unset: the model "
         "family's published value ([CoreAttention] for gpt, [CoreAttention, LlamaMLP] for llama).")
@@ -471,8 +531,8 @@ class NativeSpec(Restarts):
     async_checkpoint: bool = Field(True, description="Write checkpoints in the background.")
     checkpoint_keep: int = Field(3, gt=0, description="Complete checkpoints kept.")
     max_nan_steps_in_a_row: int = Field(10, gt=0, description="Non-finite steps in a row that abort the run.")
-    stop_signal_delay_s: int = Field(90, ge=0, description="Ask Slurm for USR2 this long before the time "
-                                     "limit, so the trainer checkpoints and exits in time.")
+    save_before_limit_s: int = Field(90, ge=0, description="Ask Slurm for USR2 this long before each job's time "
+                                     "limit: the trainer saves a checkpoint at the end of its step and exits.")
     export_hf: bool = Field(True, description="Export the final model as HF safetensors + config.json.")
 
 
@@ -582,6 +642,13 @@ class BackendSpec(Strict):
         return (self.kind == "megatron-lm" or (self.kind == "native" and self.native.device == "cuda")
                 or (self.kind == "torchtitan" and self.torchtitan.device == "cuda"))
 
+    @property
+    def trainium(self) -> bool:
+        """Whether the training's ranks run on Trainium NeuronCores (NxDT, or the native trainer or
+        torchtitan on device neuron)."""
+        return (self.kind == "neuron" or (self.kind == "native" and self.native.device == "neuron")
+                or (self.kind == "torchtitan" and self.torchtitan.device == "neuron"))
+
     @model_validator(mode="after")
     def _settings_for_kind(self) -> BackendSpec:
         if self.kind == "neuron" and self.neuron is None:
@@ -607,7 +674,10 @@ class ClusterSpec(Strict):
                                   "or CPU processes.")
     cpus_per_task: int | None = Field(None, gt=0)
     mem_gb: float | None = Field(None, gt=0)
-    time_limit_min: int = Field(gt=0, description="Slurm time limit of the training job, in minutes.")
+    time_limit_min: int = Field(gt=0, description="Slurm time limit of each training job, in minutes: a run longer "
+                                "than that is a chain of jobs, each resuming from the newest checkpoint.")
+    startup_min: float = Field(5.0, gt=0, description="Minutes from a training job's start to its first step "
+                               "(container, rendezvous, checkpoint load): what each job of the chain loses.")
 
     @model_validator(mode="after")
     def _min_nodes_up_to_nodes(self) -> ClusterSpec:
@@ -719,6 +789,7 @@ class PretrainSpec(Strict):
         # asked of the rule the trainer runs by; either raises naming its fields
         self.grad_accumulation  # noqa: B018
         self._check_shrinking()
+        self._check_time_limit()
         # NxD's automatic partition puts the remainder on the last stages, as the converter does
         # (``create_partitions`` in aws-neuron/neuronx-distributed
         # src/neuronx_distributed/pipeline/partition.py). Megatron-LM needs equal stages and reads
@@ -744,9 +815,31 @@ class PretrainSpec(Strict):
         _, valid, _ = self.data.split_weights
         if t.eval_batches > 0 and valid == 0:
             raise ValueError(f"training.eval_iters={t.eval_iters} with data.split={self.data.split!r} "
-                             "has no validation data (Megatron fails with an AssertionError): set "
+                             "has no validation data (Megatron fails with an AssertionError, torchtitan has no "
+                             "held-out files to read): set "
                              "training.eval_iters=0 or give the split a validation weight")
         return self
+
+    @property
+    def restarts(self) -> Restarts:
+        """The chain-of-jobs settings of the spec's backend."""
+        return getattr(self.backend, self.backend.kind.replace("-", "_")) or MegatronLMSpec()
+
+    def _check_time_limit(self) -> None:
+        """Each job of the chain must get past one checkpoint, or no job ever advances the run: its
+        start-up, one checkpoint interval of steps where the step time is known, and the save
+        before the limit must fit in the time limit."""
+        c, t, lead = self.cluster, self.training, self.restarts.save_before_limit_s
+        parts = [(f"cluster.startup_min={c.startup_min:g}", c.startup_min * 60),
+                 (f"backend.{self.backend.kind.replace('-', '_')}.save_before_limit_s={lead}", lead)]
+        if t.step_time_s and t.checkpoint_interval != "auto":
+            parts.append((f"training.checkpoint_interval={t.checkpoint_interval} x training.step_time_s="
+                          f"{t.step_time_s:g}", t.checkpoint_interval * t.step_time_s))
+        needed = sum(seconds for _, seconds in parts)
+        if c.time_limit_min * 60 < needed:
+            raise ValueError(f"cluster.time_limit_min={c.time_limit_min} is shorter than one job needs to advance the "
+                             f"run: {' + '.join(name for name, _ in parts)} = {needed / 60:.1f} min; raise the time "
+                             "limit, or lower the checkpoint interval")
 
     def _check_shrinking(self) -> None:
         """A run that may go on with fewer nodes (cluster.min_nodes) must lay out, by the trainer's
@@ -779,6 +872,11 @@ class PretrainSpec(Strict):
         if self.data.blend and m.family == "llama":
             raise ValueError("data.blend: NxDT's Llama configs read one HF Arrow dataset (data.train_dir) and "
                              "cannot blend; blend with backend.kind=native or megatron-lm, or a GPT config")
+        if m.family == "llama" and (set_gpt_only := [f"backend.neuron.{name}" for name in ("init_method_std", "dropout")
+                                                      if getattr(neuron, name) is not None]):
+            # the Llama examples set neither: NxDT builds its Llama from model_config, the config.json
+            raise ValueError(f"{', '.join(set_gpt_only)}: NxDT's Llama model takes its init std and dropout from "
+                             "the config.json (backend.neuron.hf_config), not the conf; unset them")
         if m.family == "llama" and "flash_attention" not in neuron.fusions:
             # HFLLamaModule reads model.fusions.flash_attention without a default
             raise ValueError(f"backend.neuron.fusions={neuron.fusions}: NxDT's Llama model reads "
@@ -821,12 +919,12 @@ class PretrainSpec(Strict):
                              f"model.rope_theta={TORCHTITAN_ROPE_THETA:.0f} and model.rope_scaling={{rope_type: llama3}}")
         if titan.config:
             self._check_torchtitan_config(titan)
-        _, valid, test = self.data.split_weights
-        if t.eval_batches or valid or test:
-            raise ValueError(f"training.eval_iters={t.eval_iters}, data.split={self.data.split!r}: torchtitan validates "
-                             "on a dataset of its own (c4_validation, from the Hub), which no stage fetches, so the "
-                             "launch turns its validator off and trains on every fetched document; set "
-                             "training.eval_iters=0 and data.split='100,0,0'")
+        train, valid, test = self.data.split_weights
+        if test:
+            # the train task holds the validation share of the fetched files out (loader_view in
+            # tasks/train_torchtitan.py); a test share would be held out and read by nothing
+            raise ValueError(f"data.split={self.data.split!r}: torchtitan trains and validates, and has no test set; "
+                             f"set the test weight to 0, e.g. data.split='{train:g},{valid + test:g},0'")
         if self.dp % titan.data_parallel_replicate:
             raise ValueError(f"backend.torchtitan.data_parallel_replicate={titan.data_parallel_replicate} does not "
                              f"divide the {self.dp} data-parallel ranks (world / (tp x pp x cp)): torchtitan needs "

@@ -108,9 +108,16 @@ def _script(command: Command, exports: str) -> list[str]:
 def _container(cluster: KubernetesCluster, spec: PretrainSpec, command: list[str], env: dict[str, str],
                resources: dict[str, str], cwd: str | None, extra_mounts: list[dict[str, Any]],
                extra_env: list[dict[str, Any]] = (), ports: list[dict[str, Any]] = ()) -> dict[str, Any]:
+    # The block's variables (the site's over the network settings), then the stage's own over both
+    # (its command's, the distributed environment, the downward API's): as on Slurm, where the
+    # command's environment is set over what the block's env exported. One entry per name, so the
+    # value a pod gets does not hang on how the API server and kubelet treat a name given twice.
+    own = {entry["name"] for entry in extra_env}
+    values = {**cluster.network_env, **cluster.env, **env}
     container: dict[str, Any] = {
         "name": CONTAINER, "image": image(cluster, spec), "imagePullPolicy": cluster.image_pull_policy,
-        "command": command, "env": [{"name": k, "value": v} for k, v in env.items()] + list(extra_env),
+        "command": command,
+        "env": [{"name": k, "value": v} for k, v in values.items() if k not in own] + list(extra_env),
         "volumeMounts": [{"name": "shared", "mountPath": cluster.mount_path}, *extra_mounts]}
     if resources:
         container["resources"] = {"requests": dict(resources), "limits": dict(resources)}
@@ -203,7 +210,8 @@ def pytorch_job(cluster: KubernetesCluster, spec: PretrainSpec, name: str, stage
     pod its node rank (PET_NODE_RANK) and the master's address. Where the spec lets the run go on
     with fewer nodes (``cluster.min_nodes``), Workers only, each numbered by its replica index,
     under an elasticPolicy: c10d rendezvous between ``cluster.min_nodes`` and ``pods`` pods, the
-    pods restarted in place (restartPolicy OnFailure) up to the backend's ``max_restarts`` times,
+    pods restarted in place (restartPolicy OnFailure) up to the backend's failure budget
+    (``max_attempts_without_checkpoint``; the operator counts every restart, advancing or not),
     so that after losing a node torchrun rendezvouses again on the nodes left and training
     resumes from its newest checkpoint there. ``nodes``: the Kubernetes nodes to run on
     (training after a precompile that filled per-node caches there); ``exclude``: the nodes to
@@ -234,7 +242,7 @@ def pytorch_job(cluster: KubernetesCluster, spec: PretrainSpec, name: str, stage
     else:
         replicas = {"Master": replica(1), **({"Worker": replica(pods - 1)} if pods > 1 else {})}
     # Only the native backend resumes on fewer nodes (the spec refuses cluster.min_nodes for others).
-    restarts = spec.backend.native.max_restarts if elastic else 0
+    restarts = spec.backend.native.max_attempts_without_checkpoint if elastic else 0
     # Running: when the job ends (a failed master fails it), the operator deletes the pods still
     # running, so no worker trains on beside a resubmission; the ended pods keep their logs.
     run_policy: dict[str, Any] = {"cleanPodPolicy": "Running", "backoffLimit": restarts,

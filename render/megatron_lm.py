@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 from jobs.node import Command
 from pretrain.spec import MegatronLMSpec, PretrainSpec
 from render.dataset_files import blend, gpt2_bpe_files
+from render.job_end import megatron_exit_duration_min
 from render.monitor import monitor_command
 from render.shell import shell_line
 from trainer.run_layout import checkpoint_dir
@@ -96,7 +97,10 @@ def pretrain_gpt_args(spec: PretrainSpec, data_prefix: str, checkpoint_dir: str)
     args += ["--data-path", *data_path, "--split", split, "--tokenizer-type", "GPT2BPETokenizer", *legacy,
              "--vocab-file", vocab, "--merge-file", merges,
              "--log-interval", "1", "--eval-interval", str(t.eval_interval), "--eval-iters", str(t.eval_batches),
-             "--save", checkpoint_dir, "--load", checkpoint_dir, "--save-interval", str(t.checkpoint_interval)]
+             "--save", checkpoint_dir, "--load", checkpoint_dir, "--save-interval", str(t.checkpoint_steps),
+             # Save and exit before the job's time limit (render/job_end.py); and on SIGTERM (a
+             # preemption, scancel), after the iteration under way, when it still has the time.
+             "--exit-duration-in-mins", str(megatron_exit_duration_min(spec)), "--exit-signal-handler"]
     if m.init_from:
         # Read only while --load has no checkpoint of its own: the first attempt starts from its
         # weights (iteration 0, a fresh optimizer, as --finetune); a resubmitted one resumes --load.

@@ -48,7 +48,7 @@ def train_config(spec: PretrainSpec, *, dataset: str, run_dir: str, eod_id: int,
                   "max_nan_steps_in_a_row": n.max_nan_steps_in_a_row},
         # the warm-up's short run writes no checkpoint: nothing resumes from it
         "checkpoint": {"dir": str(checkpoint_dir(run)), "keep": n.checkpoint_keep, "async_save": n.async_checkpoint,
-                       "interval": max(t.checkpoint_interval, steps) if warmup_only else t.checkpoint_interval,
+                       "interval": max(t.checkpoint_steps, steps) if warmup_only else t.checkpoint_steps,
                        "final": not warmup_only},
         "metrics": {"jsonl_path": str(run / "metrics.jsonl"), "tensorboard_dir": str(run / "tensorboard")},
         "parallel": {"tp": spec.parallel.tp, "activation_checkpointing": n.activation_checkpointing,
@@ -76,7 +76,7 @@ def environment(spec: PretrainSpec) -> dict[str, str]:
     return {"TORCHINDUCTOR_CACHE_DIR": f"{cache}/inductor", "NEURON_COMPILE_CACHE_URL": f"{cache}/neuron",
             "TORCHINDUCTOR_FX_GRAPH_CACHE": "1", "TORCHINDUCTOR_AUTOGRAD_CACHE": "1",
             # read by torchrun's launcher on every version that has the timeout, ignored before
-            "TORCH_ELASTIC_SHUTDOWN_TIMEOUT": str(max(30, spec.backend.native.stop_signal_delay_s))}
+            "TORCH_ELASTIC_SHUTDOWN_TIMEOUT": str(max(30, spec.backend.native.save_before_limit_s))}
 
 
 def torchrun_command(spec: PretrainSpec, config_path: str, record_path: str, python: str = "python") -> list[str]:

@@ -23,6 +23,7 @@ from pretrain.spec import PretrainSpec
 from render.convert_command import expected_config
 from trainer.model_shape import config_mismatches
 from render.dataset_files import blend, gpt2_bpe_files
+from render.job_end import nxdt_max_time
 
 MASTER_PORT = 41000  # train_setup.sh's fixed rendezvous port
 # exp_manager's model_parallel_size as the examples write it; NeMo registers the resolver
@@ -44,7 +45,9 @@ def _trainer(spec: PretrainSpec) -> dict[str, Any]:
         # Lightning reads an int as a number of batches and a float as a fraction of the set:
         # eval_iters batches, or 0.0 (none, as the 70B yamls publish it, and in benchmark mode).
         "limit_val_batches": t.eval_batches or 0.0, "limit_test_batches": t.eval_batches or 0.0,
-        "gradient_clip_val": t.grad_clip})
+        "gradient_clip_val": t.grad_clip,
+        # stop after a step, saving the last checkpoint, before the job's time limit (render/job_end.py)
+        "max_time": nxdt_max_time(spec)})
     if n.instance_type == "trn2" and n.sequential_move_factor:
         trainer["sequential_move_factor"] = n.sequential_move_factor
     return trainer
@@ -57,9 +60,11 @@ def _exp_manager(spec: PretrainSpec, init_checkpoint: str | None) -> dict[str, A
         "exp_dir": None, "name": _name(spec), "resume_if_exists": True, "resume_ignore_no_checkpoint": True,
         "create_checkpoint_callback": True,
         "checkpoint_callback_params": {
-            "monitor": "step", "save_top_k": 1, "mode": "max", "save_last": False,
+            # save_last: the checkpoint trainer.max_time's stop saves on the way out; NxDT's examples
+            # leave it off, and a job at its time limit would end without one
+            "monitor": "step", "save_top_k": 1, "mode": "max", "save_last": True,
             "filename": n.checkpoint_filename or f"{spec.name}--{{step}}-{{consumed_samples}}",
-            "model_parallel_size": MODEL_PARALLEL_SIZE, "every_n_train_steps": t.checkpoint_interval,
+            "model_parallel_size": MODEL_PARALLEL_SIZE, "every_n_train_steps": t.checkpoint_steps,
             "use_master_weights_in_ckpt": False},
         "log_parameter_norm": True, "log_gradient_norm": True, "enable_recovery_time_instrumentation": False,
         "save_xser": n.save_xser, "load_xser": n.save_xser, "save_bf16": False,
@@ -162,7 +167,7 @@ def _llama(spec: PretrainSpec, data_dir: str, init_checkpoint: str | None) -> di
 
 
 def _gpt(spec: PretrainSpec, data_prefix: str) -> dict[str, Any]:
-    m, t = spec.model, spec.training
+    m, t, n = spec.model, spec.training, spec.backend.neuron
     vocab, merges = gpt2_bpe_files(spec, data_prefix)
     data = {"micro_batch_size": t.micro_batch_size, "global_batch_size": t.global_batch_size,
             "data_prefix": [x for pair in blend(spec, data_prefix) for x in pair], "index_mapping_dir": None,
@@ -175,8 +180,9 @@ def _gpt(spec: PretrainSpec, data_prefix: str) -> dict[str, Any]:
                           "use_fast": False}}
     model = {"encoder_seq_length": m.seq_length, "max_position_embeddings": m.max_position_embeddings,
              "num_layers": m.num_layers, "hidden_size": m.hidden_size, "ffn_hidden_size": m.ffn_hidden_size,
-             "num_attention_heads": m.num_attention_heads, "num_kv_heads": m.kv_heads, "init_method_std": 0.021,
-             "use_scaled_init_method": True, "hidden_dropout": 0.1, "attention_dropout": 0.1, "ffn_dropout": 0.1,
+             "num_attention_heads": m.num_attention_heads, "num_kv_heads": m.kv_heads,
+             "init_method_std": n.init_method_std, "use_scaled_init_method": True, "hidden_dropout": n.dropout,
+             "attention_dropout": n.dropout, "ffn_dropout": n.dropout,
              "apply_query_key_layer_scaling": True, "normalization": "layernorm", "layernorm_epsilon": 1e-5,
              "do_layer_norm_weight_decay": False, "make_vocab_size_divisible_by": 8, "persist_layer_norm": False,
              "share_embeddings_and_output_weights": True, "position_embedding_type": "learned_absolute",

@@ -91,9 +91,11 @@ def train_config(spec: PretrainSpec, dataset: str, init_checkpoint: str | None, 
 
 def train_environment(spec: PretrainSpec, cache_url: str | None) -> dict[str, str]:
     """What train.sh exports, and the compile cache precompile filled: the same per-node
-    directory it used, or NxDT would compile every graph again."""
+    directory it used, or NxDT would compile every graph again. ``COMPILE=0`` too: NxDT's
+    training_orchestrator.py reads it, and under ``COMPILE=1`` (precompile's, or one left in the
+    environment a job starts from) runs 10 steps of graph extraction instead of training."""
     cache = cache_url or compile_environment(spec, retry_failed=False)["NEURON_COMPILE_CACHE_URL"]
-    return {**nxdt.train_environment(), "NEURON_COMPILE_CACHE_URL": cache}
+    return {**nxdt.train_environment(), "COMPILE": "0", "NEURON_COMPILE_CACHE_URL": cache}
 
 
 def log_dir(run: Path) -> Path:

@@ -31,6 +31,12 @@ def loader_dir(run: Path) -> Path:
     return run / "dataset"
 
 
+def validation_dir(run: Path) -> Path:
+    """The directory torchtitan's validator reads: the fetched files held out of :func:`loader_dir`
+    (``loader_view`` again). Beside it, not in it: the loader reads every file under its directory."""
+    return run / "validation"
+
+
 def train_args(spec: PretrainSpec, data_dir: str, run_dir: str, init_from: str | None = None) -> list[str]:
     """The overrides, in the order of torchtitan's sections. ``data_dir``: the fetched JSONL, without
     the fetch stage's manifest (:func:`loader_dir`);
@@ -62,14 +68,19 @@ def train_args(spec: PretrainSpec, data_dir: str, run_dir: str, init_from: str |
             "--parallelism.context-parallel-degree", str(p.cp),
             "--dataloader.dataset", LOCAL_TEXT_DATASET, "--dataloader.dataset-path", data_dir,
             "--checkpoint.enable", "--checkpoint.folder", str(checkpoint_dir(run_dir)),
-            "--checkpoint.interval", str(t.checkpoint_interval), "--checkpoint.async-mode", titan.async_checkpoint,
+            "--checkpoint.interval", str(t.checkpoint_steps), "--checkpoint.async-mode", titan.async_checkpoint,
             "--checkpoint.keep-latest-k", str(titan.checkpoint_keep),
             "--compile.enable" if titan.compile else "--compile.no-enable",
             "--compile.backend", "neuron" if titan.device == "neuron" else "inductor",
-            "--metrics.log-freq", str(titan.log_freq),
-            # torchtitan validates on a separate dataset (c4_validation, downloaded from the Hub),
-            # which no stage fetches
-            "--validator.no-enable"]
+            "--metrics.log-freq", str(titan.log_freq)]
+    if t.eval_batches:
+        # torchtitan's own validation set is c4_validation from the Hub, which no stage fetches: it
+        # reads the held-out files instead, through the loader entry training reads with
+        args += ["--validator.enable", "--validator.freq", str(t.eval_interval), "--validator.steps", str(t.eval_batches),
+                 "--validator.dataloader.dataset", LOCAL_TEXT_DATASET,
+                 "--validator.dataloader.dataset-path", str(validation_dir(Path(run_dir)))]
+    else:
+        args.append("--validator.no-enable")
     if p.pp > 1:
         # torchtitan's Trainer.Config refuses its default CUDA graphs under pipeline parallelism
         args.append("--training.disable-cuda-graphs")

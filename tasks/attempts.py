@@ -1,18 +1,26 @@
-"""The attempt loop every training backend's train task shares: submit the job, follow its
-metrics (progress and loss-curve artifacts, hang detection), resubmit it when it dies, leaving
-out the nodes a node failure left suspect (going on with fewer, down to ``cluster.min_nodes``, when
-the partition has no others), and end with the run's summary or a failure naming every attempt.
-It runs on Slurm and on Kubernetes alike, through :mod:`tasks.executor`.
+"""The chain of jobs every training backend's train task shares: submit the job, follow its
+metrics (progress and loss-curve artifacts, hang detection), and when it ends short of the last
+step submit the next, leaving out the nodes a node failure left suspect (going on with fewer, down
+to ``cluster.min_nodes``, when the partition has no others); end with the run's summary or a
+failure naming every job's error. It runs on Slurm and on Kubernetes alike, through
+:mod:`tasks.executor`.
 
-The run directory is keyed by the spec, the dataset and the flow run, so a retry of a train task,
-or a resubmission after the job died, resumes from the run's newest complete checkpoint while a
-new flow run trains afresh.
+A job that advanced the run's newest checkpoint spends no failure budget, whatever ended it (its
+time limit, a preemption, a requeue, a crash): the next job goes out at once. The budget,
+``backend.<kind>.max_attempts_without_checkpoint``, counts the jobs in a row that did not. Each job
+is recorded in the run's chain (pretrain/run_chain.py), published as the ``<spec>-chain`` artifact.
+
+The run directory is keyed by what the run trains (:func:`run_dir`), not by the flow run: a retry,
+a resubmission and a new flow run of the same spec all continue the run from its newest complete
+checkpoint, unless ``training.continue_run`` is false. One flow run at a time drives a run
+(:func:`claim_run`).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import threading
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -21,21 +29,22 @@ from typing import Any, Callable
 from prefect.runtime import flow_run
 
 from tasks.executor import (NODE_STATES, Cluster, excluded_after, failure_nodes, job_folder, job_nodes, job_running,
-                           on_nodes, run_job, shrinks_by_resubmission, usable_nodes, wait_gone)
+                           on_nodes, run_job, shrinks_by_resubmission, still_queued, usable_nodes, wait_gone)
 from jobs.slurm import JobRequest, SlurmJobFailed, _logger
-from pretrain import manifest
+from pretrain import checkpoint_interval, manifest, run_chain
+from pretrain.checkpoint_advice import FailureInputs
 from pretrain.device_samples import DeviceSamples
 from pretrain.log_parsers import MetricsStream, parse_log, rank_error
 from pretrain.loss_curve import metrics_summary
 from pretrain.spec import PretrainSpec
-from tasks.train_artifacts import publish_devices, publish_loss_curve, publish_progress
+from tasks.train_artifacts import publish_chain, publish_devices, publish_loss_curve, publish_progress
 
 LOSS_CURVE_EVERY_S = 30.0
 
 
 class TrainingFailed(RuntimeError):
-    # The task's own loop has already spent backend.native.max_restarts on resubmissions; a
-    # Prefect retry would spend the budget a second time.
+    # The task's own loop has already spent the backend's failure budget on resubmissions; a
+    # Prefect retry would spend it a second time.
     retryable = False
     # For the run summary: what the run measured before it failed, and each attempt's outcome.
     metrics: dict[str, Any] | None = None
@@ -46,10 +55,94 @@ class RunHung(RuntimeError):
     pass
 
 
+# Settings that change how a run is driven, not what it trains: changed between two flow runs of
+# a spec, the second still continues the first's run (a longer time limit, a larger budget, a
+# checkpoint interval the chain re-derived, another site's block).
+_DRIVING = {"description": (), "cluster": ("block", "executor", "min_nodes", "cpus_per_task", "mem_gb", "time_limit_min",
+                                            "startup_min"),
+            "training": ("checkpoint_interval", "step_time_s", "monitor_interval_s", "continue_run")}
+_DRIVING_BACKEND = ("max_attempts_without_checkpoint", "hang_timeout_min", "save_before_limit_s", "checkpoint_keep",
+                    "async_checkpoint")
+
+
+def run_key_inputs(spec: PretrainSpec, dataset: str) -> dict[str, Any]:
+    """What a run's directory is keyed by: the spec without the settings that only drive it, the
+    dataset, and the flow run when ``training.continue_run`` is false or the run is a benchmark
+    (each flow run trains afresh: a benchmark resumed at its last step would measure nothing)."""
+    settings = spec.model_dump(mode="json")
+    for section, fields in _DRIVING.items():
+        if not fields:
+            settings.pop(section, None)
+        for name in fields:
+            settings[section].pop(name, None)
+    for backend in settings["backend"].values():
+        for name in _DRIVING_BACKEND if isinstance(backend, dict) else ():
+            backend.pop(name, None)
+    inputs = {"spec": settings, "dataset": dataset}
+    if not spec.training.continue_run or spec.training.benchmark:
+        inputs["flow_run"] = flow_run.get_id() or "no-flow-run"
+    return inputs
+
+
 def run_dir(spec: PretrainSpec, dataset: str) -> Path:
-    key = manifest.stable_hash({"spec": spec.model_dump(mode="json"), "dataset": dataset,
-                                "flow_run": flow_run.get_id() or "no-flow-run"})
-    return manifest.output_dir(spec.paths.root, "train", key)
+    return manifest.output_dir(spec.paths.root, "train", manifest.stable_hash(run_key_inputs(spec, dataset)))
+
+
+class RunClaim:
+    """One flow run at a time drives a run: it holds ``<run>/owner.json`` (its flow run's id,
+    renewed every ``renew_s`` by a thread while it drives the run) and removes it at the end. A
+    second flow run of the same run waits while another flow run's claim is fresh, then while the
+    chain's newest job is still queued (its flow process died: the job's lease stops it), and only
+    then submits: two jobs of one run never train side by side into the same checkpoints."""
+
+    OWNER = "owner.json"
+
+    def __init__(self, run: Path, cluster: Cluster, renew_s: float = 10.0, stale_s: float = 60.0,
+                 poll_s: float = 10.0):
+        self.path, self.cluster = run / self.OWNER, cluster
+        self.renew_s, self.stale_s, self.poll_s = renew_s, stale_s, poll_s
+        self.me = str(flow_run.get_id() or f"pid-{os.getpid()}")
+        self.stop = threading.Event()
+
+    def other_owner(self) -> str | None:
+        """Another flow run that renewed its claim within ``stale_s``, if any."""
+        try:
+            owner = json.loads(self.path.read_text())["flow_run"]
+            age = time.time() - self.path.stat().st_mtime
+        except (FileNotFoundError, ValueError, KeyError):
+            return None
+        return owner if owner != self.me and age < self.stale_s else None
+
+    def __enter__(self) -> RunClaim:
+        logger = _logger()
+        said = None
+        while (owner := self.other_owner()) is not None:
+            if owner != said:
+                logger.warning("flow run %s is training this run (%s); waiting until it is done", owner,
+                               self.path.parent)
+                said = owner
+            time.sleep(self.poll_s)
+        chain = run_chain.read(self.path.parent / run_chain.CHAIN_FILE)
+        job = chain[-1]["job"] if chain else None
+        if job and still_queued(self.cluster, job):
+            logger.warning("job %s of this run, submitted by flow run %s, is still queued; waiting for it to end "
+                           "before the next job", job, chain[-1]["flow_run"])
+            while still_queued(self.cluster, job):
+                time.sleep(self.poll_s)
+        self.path.write_text(json.dumps({"flow_run": self.me}))
+        threading.Thread(target=self._renew, name="run-claim", daemon=True).start()
+        return self
+
+    def _renew(self) -> None:
+        while not self.stop.wait(self.renew_s):
+            try:
+                os.utime(self.path)
+            except FileNotFoundError:
+                return
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        self.path.unlink(missing_ok=True)
 
 
 class MetricsFollower:
@@ -154,9 +247,10 @@ class Attempts:
     history: list[dict[str, Any]] = field(default_factory=list)
     excluded: set[str] = field(default_factory=set)
     reason: str = ""  # why the attempts stopped short, in the trainer's words or the job layer's
+    finished: bool = False  # the run reached its last step
 
     def failure(self) -> TrainingFailed:
-        outcomes = "; ".join(a["outcome"] for a in self.history)
+        outcomes = "; ".join(f"job {a['job']}: {a['outcome']}" for a in self.history)
         if self.reason:
             return TrainingFailed(f"{self.reason}. Attempts: {outcomes}")
         return TrainingFailed(f"training did not finish after {len(self.history)} attempt(s): {outcomes}")
@@ -175,11 +269,11 @@ class AppendedLog:
     def __init__(self, path: Path):
         self.path, self.start = path, 0
 
-    def submitting(self, request: JobRequest) -> Callable[[int], JobRequest]:
-        """Each attempt submits ``request``, its lines starting where the log ends now."""
-        def prepare(attempt: int) -> JobRequest:
+    def submitting(self, request: Callable[[PretrainSpec], JobRequest]) -> Callable[[int, PretrainSpec], JobRequest]:
+        """Each attempt submits ``request(launch)``, its lines starting where the log ends now."""
+        def prepare(attempt: int, launch: PretrainSpec) -> JobRequest:
             self.start = self.path.stat().st_size if self.path.exists() else 0
-            return request
+            return request(launch)
         return prepare
 
     def explain(self, outcome: str) -> str:
@@ -192,27 +286,61 @@ class AppendedLog:
 
 
 def job_completed(outcome: str) -> bool:
-    """A run is finished when its job ended well (NxDT, Megatron-LM: they exit 0 at the last step)."""
+    """Whether the job ended well (NxDT, Megatron-LM and torchtitan exit 0 at the last step, and
+    Megatron-LM also after saving at its exit duration: :func:`run_attempts` asks for both)."""
     return outcome == COMPLETED
 
 
-def run_attempts(spec: PretrainSpec, cluster: Cluster, follower: MetricsFollower, max_restarts: int,
-                 prepare: Callable[[int], JobRequest],
-                 finished: Callable[[str], bool] = job_completed,
+def advice_inputs(spec: PretrainSpec, cluster: Cluster, follower: MetricsFollower, chain: list[run_chain.Record],
+                  interval: int | None) -> FailureInputs:
+    """The checkpoint advice's inputs as the run has measured them so far: the cluster block's
+    per-node MTBF updated by the chain's failures, its restarts, step time and the save stall at
+    ``interval``, the checkpoint interval its jobs ran with (None before the first)."""
+    if interval is None and spec.training.checkpoint_interval != "auto":
+        interval = spec.training.checkpoint_interval  # what an earlier flow run's jobs of this run ran with
+    stall = checkpoint_interval.measured_stall_s(follower.stream.as_list(), interval) if interval else None
+    return checkpoint_interval.failure_inputs(spec, getattr(cluster, "node_mtbf_h", None), chain,
+                                              follower.summary().get("step_time_ms"), stall)
+
+
+def run_attempts(spec: PretrainSpec, cluster: Cluster, follower: MetricsFollower, budget: int,
+                 prepare: Callable[[int, PretrainSpec], JobRequest], run: Path, checkpoint_step: Callable[[], int],
+                 finished: Callable[[str], bool] | None = None,
                  explain: Callable[[str], str] = str) -> Attempts:
-    """Submit the training job, follow its metrics, and resubmit it when it dies, up to
-    ``max_restarts`` times. ``prepare(attempt)`` readies the run directory and returns the request
-    (the loop adds the excluded nodes and, for a run that may shrink, asks for the nodes left);
-    ``finished(outcome)`` says whether the run is done, ``outcome`` being :data:`COMPLETED` when
-    the job ended well; ``explain(outcome)`` is the attempt's outcome as the history records it, in
-    the trainer's words where it left any. Every backend's train task uses this loop; each resumes
-    from its own newest checkpoint."""
+    """Submit the training job, follow its metrics, and submit the next job whenever one ends short
+    of the last step, until ``budget`` jobs in a row have ended without advancing the newest
+    checkpoint (``checkpoint_step()``, the step of the newest complete checkpoint in ``run``).
+    ``prepare(attempt, launch)`` readies the run directory and returns the request for ``launch``,
+    the spec with ``training.checkpoint_interval: auto`` resolved from what the run has measured so
+    far (the loop adds the excluded nodes and, for a run that may shrink, asks for the nodes left); ``finished(outcome)``
+    says whether the run is done, ``outcome`` being :data:`COMPLETED` when the job ended well;
+    by default, whether the job ended well at the spec's last step (by its checkpoint or its metrics);
+    ``explain(outcome)`` is the job's outcome as the history records it, in the trainer's words
+    where it left any. Every job is appended to the run's chain (``run/chain.jsonl``) and the chain
+    artifact published. Every backend's train task uses this loop, under the run's
+    :class:`RunClaim`; each resumes from its own newest checkpoint."""
+    if finished is None:
+        def finished(outcome: str) -> bool:
+            reached = max(checkpoint_step(), max(follower.stream.points, default=0))
+            return job_completed(outcome) and reached >= spec.training.steps
+    with RunClaim(run, cluster):
+        return _chain_of_jobs(spec, cluster, follower, budget, prepare, run, checkpoint_step, finished, explain)
+
+
+def _chain_of_jobs(spec: PretrainSpec, cluster: Cluster, follower: MetricsFollower, budget: int,
+                   prepare: Callable[[int, PretrainSpec], JobRequest], run: Path, checkpoint_step: Callable[[], int],
+                   finished: Callable[[str], bool], explain: Callable[[str], str]) -> Attempts:
     logger = _logger()  # the task's log, or a plain one where a test calls the loop itself
     attempts = Attempts()
-    for attempt in range(max_restarts + 1):
+    chain_path = run / run_chain.CHAIN_FILE
+    chain = run_chain.read(chain_path)  # the jobs earlier flow runs of this run submitted
+    attempt, launched = 0, None
+    while True:
         if attempts.excluded and cluster.nodelist:
             cluster = on_nodes(cluster, [h for h in cluster.nodelist if h not in attempts.excluded])
-        request = replace(prepare(attempt), exclude=tuple(sorted(attempts.excluded)))
+        launch = checkpoint_interval.resolved(spec, advice_inputs(spec, cluster, follower, chain, launched))
+        launched = launch.training.checkpoint_steps
+        request = replace(prepare(attempt, launch), exclude=tuple(sorted(attempts.excluded)))
         if attempt and spec.cluster.fewest_nodes < request.nodes and shrinks_by_resubmission(cluster):
             # A run allowed to shrink goes on with the healthy nodes left rather than wait for a
             # lost or drained one to come back; the trainer resumes with fewer data-parallel ranks.
@@ -221,15 +349,23 @@ def run_attempts(spec: PretrainSpec, cluster: Cluster, follower: MetricsFollower
             if cluster.nodelist:  # the nodes precompile warmed, as many as are left
                 cluster = on_nodes(cluster, [h for h in cluster.nodelist if h in left])
         follower.restart()
-        started = time.monotonic()
+        started, submitted_at = time.monotonic(), time.time()
+        checkpoint_before = checkpoint_step()
+        reached_before = max([*follower.stream.points, *(r["step"] for r in chain)], default=0)
+        caught_up: list[float] = []
         submitted: list[Any] = []
         # The nodes a failure names, as the job ended, for a job whose newest accounting record has
         # none: one that Slurm requeued after a node failure and the job layer cancelled.
         failed_on: list[str] = []
+
+        def on_poll() -> None:
+            follower.poll(started=job_running(submitted[0]))
+            if not caught_up and max(follower.stream.points, default=0) > reached_before:
+                caught_up.append(time.time())
+
         try:
             # Time spent waiting in the queue, first or again after a requeue, is no hang.
-            run_job(request, cluster, job_folder(spec, cluster), on_submit=submitted.append,
-                    on_poll=lambda: follower.poll(started=job_running(submitted[0])))
+            run_job(request, cluster, job_folder(spec, cluster), on_submit=submitted.append, on_poll=on_poll)
             outcome = COMPLETED
         except SlurmJobFailed as failure:
             failed_on = failure_nodes(failure, cluster)
@@ -253,22 +389,45 @@ def run_attempts(spec: PretrainSpec, cluster: Cluster, follower: MetricsFollower
             # its ranks still save a checkpoint into the run directory on the way out (SIGTERM):
             # the next attempt must not start beside them, nor be judged by a record they have
             # not yet written.
-            lead = spec.backend.native.stop_signal_delay_s + 60
+            lead = spec.restarts.save_before_limit_s + 60
             if not wait_gone(submitted[0], timeout_s=lead):
                 logger.warning("job %s is still listed %d s after it ended; resubmitting anyway",
                                submitted[0].job_id, lead)
         follower.read()
         described = explain(outcome)  # reads what the trainer left: once per attempt
+        step = max(follower.stream.points, default=0)
+        nodes = (job_nodes(submitted[0]) if submitted else []) or failed_on
         attempts.history.append({"attempt": attempt + 1, "job": submitted[0].job_id if submitted else None,
-                                 "nodes": ",".join((job_nodes(submitted[0]) if submitted else []) or failed_on),
-                                 "outcome": described,
-                                 "seconds": round(time.monotonic() - started, 1),
-                                 "step": max(follower.stream.points, default=0)})
-        if finished(outcome) or attempts.reason:
+                                 "nodes": ",".join(nodes), "outcome": described,
+                                 "seconds": round(time.monotonic() - started, 1), "step": step})
+        done = attempts.finished = finished(outcome)
+        chain.append({"flow_run": str(flow_run.get_id() or ""), "job": attempts.history[-1]["job"],
+                      "nodes": ",".join(nodes), "node_count": len(nodes) or request.nodes,
+                      "submitted": submitted_at, "caught_up_at": caught_up[0] if caught_up else None,
+                      "ended": time.time(), "checkpoint_before": checkpoint_before,
+                      "checkpoint_after": checkpoint_step(), "step": step, "outcome": described, "completed": done})
+        run_chain.append(chain_path, chain[-1])
+        inputs = advice_inputs(spec, cluster, follower, chain, launched)
+        publish_chain(spec.name, chain, budget, inputs.step_s,
+                      checkpoint_interval.advice_lines(launch, inputs, measured=True))
+        attempt += 1
+        if done or attempts.reason:
             break
-        logger.warning("train attempt %d ended without finishing (%s); %s", attempt + 1, described,
-                       "resubmitting; the run resumes from its newest checkpoint" if attempt < max_restarts
-                       else "no restarts left")
+        without = run_chain.attempts_without_checkpoint(chain)
+        if without > budget:
+            attempts.reason = (f"{without} jobs in a row ended without advancing the newest checkpoint (step "
+                               f"{chain[-1]['checkpoint_after']}): the failure budget, "
+                               f"backend.{spec.backend.kind.replace('-', '_')}.max_attempts_without_checkpoint={budget}, "
+                               "is spent")
+            break
+        if without:
+            logger.warning("train job %d ended without advancing the newest checkpoint (%s); %d of %d jobs in a row "
+                           "allowed; submitting the next, which resumes from the newest checkpoint", attempt,
+                           described, without, budget)
+        else:
+            logger.info("train job %d ended at step %d (%s) after the newest checkpoint advanced to step %d: a "
+                        "continuation, the next job goes out now", attempt, step, run_chain.why_ended(chain[-1]),
+                        chain[-1]["checkpoint_after"])
     return attempts
 
 

@@ -60,7 +60,8 @@ def convert(spec: PretrainSpec, reuse_only: bool = False) -> str:
         with manifest.staged_output(final) as staging:
             record_path = staging.with_name(staging.name + ".record.json")
             argv = convert_command(spec, str(source), str(staging / "checkpoint"), record=str(record_path))
-            run_job(stage_request(spec, f"{spec.name}-convert", Command(argv), nodes=1, gpus_per_node=None), cluster,
+            run_job(stage_request(spec, f"{spec.name}-convert", Command(argv), nodes=1, gpus_per_node=None,
+                                  exclusive=False), cluster,
                     job_folder(spec, cluster))
             record = json.loads(record_path.read_text())
             record_path.unlink()

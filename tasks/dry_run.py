@@ -19,10 +19,12 @@ from tasks.executor import KUBERNETES_PREFIX, load_kubernetes_block
 from jobs.node import Command
 from jobs.slurm import MissingClusterBlock, job_folder, load_cluster_block, slurm_parameters, stage_request
 from pretrain.hub_refs import with_local_values
+from pretrain.checkpoint_interval import planned
 from pretrain.spec import PretrainSpec
 from render import image, kubernetes, megatron_lm, native, nxdt, torchtitan
 from render.convert_command import convert_command
 from render.hub_downloads import hub_downloads, hub_placeholders
+from render.job_end import signal_delay_s
 from render.dataset_files import arrow_output, tokenizer_paths
 from render.megatron_lm import in_container
 from render.nxdt_scripts import CONFIG_NAME, precompile_script, train_script
@@ -104,9 +106,10 @@ def render_files(spec: PretrainSpec, cluster: SlurmCluster | KubernetesCluster |
     if isinstance(cluster, KubernetesCluster):
         files = render_files(spec, SlurmCluster(executor="slurm"))
         return {**{k: v for k, v in files.items() if not k.startswith("sbatch_")},
-                **kubernetes_files(spec, cluster, files)}
+                **kubernetes_files(planned(spec), cluster, files)}
     site = cluster = cluster or SlurmCluster(executor="slurm")
     files = {"spec.yaml": yaml.safe_dump(json.loads(spec.model_dump_json()), sort_keys=False)}
+    spec = planned(spec)  # the first job's launch: checkpoint_interval=auto as the spec alone gives it
     if downloads := hub_downloads(spec, FETCHED):
         files["hub_downloads.txt"] = downloads
         # the stages after fetch read the Hub's files from the shared disk, never a URI
@@ -150,16 +153,17 @@ def render_files(spec: PretrainSpec, cluster: SlurmCluster | KubernetesCluster |
                                                                   TRAIN_RUN, spec.model.init_from))
     # One batch script per job the run submits, shaped as the tasks shape them.
     if "tokenize.sh" in files:
-        files["sbatch_tokenize.sh"] = _sbatch(spec, site, "tokenize-<i>-of-<n>", nodes=1, gpus_per_node=None)
+        files["sbatch_tokenize.sh"] = _sbatch(spec, site, "tokenize-<i>-of-<n>", nodes=1, gpus_per_node=None,
+                                              exclusive=False)
     if "convert.sh" in files:
-        files["sbatch_convert.sh"] = _sbatch(spec, site, f"{spec.name}-convert", nodes=1, gpus_per_node=None)
+        files["sbatch_convert.sh"] = _sbatch(spec, site, f"{spec.name}-convert", nodes=1, gpus_per_node=None,
+                                             exclusive=False)
     if "build_image.sh" in files:
         files["sbatch_image.sh"] = _sbatch(spec, site, f"{spec.name}-image", nodes=1, gpus_per_node=None,
-                                           time_limit_min=image.BUILD_TIME_LIMIT_MIN)
+                                           exclusive=False, time_limit_min=image.BUILD_TIME_LIMIT_MIN)
     if spec.backend.kind == "neuron" or (spec.backend.kind == "native" and spec.backend.native.compile):
         files["sbatch_precompile.sh"] = _sbatch(spec, site, f"{spec.name}-precompile")
-    stop_signal = spec.backend.native.stop_signal_delay_s if spec.backend.kind == "native" else 0
-    files["sbatch_train.sh"] = _sbatch(spec, cluster, f"{spec.name}-train", signal_delay_s=stop_signal)
+    files["sbatch_train.sh"] = _sbatch(spec, cluster, f"{spec.name}-train", signal_delay_s=signal_delay_s(spec))
     return files
 
 

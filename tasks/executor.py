@@ -101,6 +101,14 @@ def job_running(job: Job) -> bool:
     return job.running if isinstance(job, SubmittedJob) else slurm.job_running(job)
 
 
+def still_queued(cluster: Cluster, job_id: str) -> bool:
+    """Whether Slurm still lists a job known by its id alone (one an earlier flow run submitted).
+    Local-executor and Kubernetes jobs are followed by the flow run that made them only: False."""
+    if isinstance(cluster, KubernetesTarget) or slurm.executor_kind(cluster) == "local":
+        return False
+    return slurm.queue_state(job_id) is not None
+
+
 def wait_gone(job: Job, timeout_s: float) -> bool:
     """Until the job's processes have exited; False if they outlast ``timeout_s``."""
     return kubernetes.wait_gone(job, timeout_s) if isinstance(job, SubmittedJob) else slurm.wait_gone(job, timeout_s)

@@ -59,7 +59,9 @@ def reader_for(source: DataSource) -> S3Reader | HttpReader | LocalReader:
         if source.credentials:
             from prefect_aws import AwsCredentials
 
-            creds = AwsCredentials.load(source.credentials)
+            creds = credentials_block(AwsCredentials, source.credentials, "data.sources[].credentials",
+                                      "AwsCredentials(aws_access_key_id=..., aws_secret_access_key=...) of "
+                                      "prefect-aws")
             endpoint = source.endpoint_url or creds.aws_client_parameters.endpoint_url
             client = creds.get_boto3_session().client(
                 "s3", endpoint_url=endpoint, config=Config(**_s3_client_config()))
@@ -72,7 +74,8 @@ def reader_for(source: DataSource) -> S3Reader | HttpReader | LocalReader:
         if source.credentials:
             from prefect.blocks.system import Secret
 
-            return HttpReader(token=Secret.load(source.credentials).get())
+            return HttpReader(token=credentials_block(Secret, source.credentials, "data.sources[].credentials",
+                                                      "Secret(value=<the bearer token>)").get())
         return HttpReader()
     return LocalReader()
 
@@ -83,13 +86,27 @@ def hub_access(spec: PretrainSpec) -> HubAccess:
     if spec.hub.token_block:
         from prefect.blocks.system import Secret
 
-        try:
-            token = Secret.load(spec.hub.token_block).get()
-        except ValueError:
-            raise HubError(f"hub.token_block={spec.hub.token_block!r}: no Secret block of that name; create it "
-                           "with a Hugging Face token (Secret(value=...).save(name), or in the UI under "
-                           "Blocks)") from None
+        token = credentials_block(Secret, spec.hub.token_block, "hub.token_block",
+                                  "Secret(value=<a Hugging Face token>)", HubError).get()
     return access_for(spec, token)
+
+
+def credentials_block(kind: type, name: str, field: str, example: str, error: type[FetchError] = FetchError):
+    """The block of type ``kind`` that the spec's ``field`` names, from the Prefect API this process
+    talks to (with no PREFECT_API_URL, Prefect's ephemeral one: a temporary server on PREFECT_HOME's
+    database, which is where `pretrain demo` saves its block); ``error`` naming the field, that API
+    and the fix when it holds no such block. ``example``: the block as Python saves it."""
+    try:
+        return kind.load(name)
+    except ValueError:
+        from prefect.settings import get_current_settings
+
+        settings = get_current_settings()
+        where = (f"the Prefect API at {settings.api.url}" if settings.api.url else
+                 f"the ephemeral Prefect API of PREFECT_HOME={settings.home} (PREFECT_API_URL is not set)")
+        raise error(f"{field}={name!r}: no {kind.__name__} block of that name in {where}; create it there "
+                    f"({example}.save({name!r}), or in the UI under Blocks), or set PREFECT_API_URL to the "
+                    "server that holds it") from None
 
 
 @dataclass(frozen=True)

@@ -121,7 +121,7 @@ def _build(spec: PretrainSpec, image: ImageSpec, tag: str, staging: Path, key_in
     script.write_text(build_script(image, tag, str(context), str(staging / SQUASHFS), str(record_path)))
     cluster = cluster_for(spec)  # a Kubernetes block refuses the image stage (render.kubernetes.image)
     request = stage_request(spec, f"{spec.name}-image", Command(["bash", str(script)]), nodes=1,
-                            gpus_per_node=None, time_limit_min=BUILD_TIME_LIMIT_MIN)
+                            gpus_per_node=None, exclusive=False, time_limit_min=BUILD_TIME_LIMIT_MIN)
     try:
         run_job(request, cluster, job_folder(spec, cluster))
     except SlurmJobFailed as failed:

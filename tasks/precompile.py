@@ -38,6 +38,7 @@ from prefect.runtime import task_run
 from pretrain import manifest
 from jobs.node import Command
 from pretrain.neuron_compile import CompileSummary, from_results, parse_npc_log
+from pretrain.checkpoint_interval import planned
 from pretrain.spec import PretrainSpec
 from tasks.executor import cluster_for, failure_nodes, job_folder, on_nodes, run_job
 from jobs.slurm import JobRequest, SlurmJobFailed, ends_cancelled, stage_request
@@ -161,7 +162,7 @@ def precompile_neuron(spec: PretrainSpec, dataset: str, checkpoint: str | None =
     the ``NEURON_COMPILE_CACHE_URL`` training must export, and the graph counts.
     """
     logger = get_run_logger()
-    config = nxdt_config(spec, dataset, checkpoint)
+    config = nxdt_config(planned(spec), dataset, checkpoint)
     work = Path(spec.paths.root) / "precompile" / work_key(spec, config)
     conf_dir = work / "conf"
     conf_dir.mkdir(parents=True, exist_ok=True)
@@ -214,7 +215,7 @@ def precompile_native(spec: PretrainSpec, dataset: str, data_dir: str) -> dict:
     logger = get_run_logger()
     work = Path(spec.paths.root) / "precompile" / f"native-{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:6]}"
     work.mkdir(parents=True)
-    config = native.train_config(spec, dataset=dataset, run_dir=str(work), eod_id=eod_id(spec, data_dir),
+    config = native.train_config(planned(spec), dataset=dataset, run_dir=str(work), eod_id=eod_id(spec, data_dir),
                                  steps=spec.backend.native.precompile_steps, warmup_only=True)
     (work / "train.json").write_text(json.dumps(config, indent=2))
     record = work / "record.json"

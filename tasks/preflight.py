@@ -97,6 +97,16 @@ def partition_rows(spec: PretrainSpec, cluster: SlurmCluster) -> list[dict]:
                      "found": f"{enough} node(s) with {c.devices_per_node} or more GPUs in their GRES",
                      "fix": "" if ok else f"cluster.devices_per_node={c.devices_per_node} on {c.nodes} node(s): use "
                      "a partition of GPU nodes, or set the block's gres to the site's GRES"})
+    train = stage_request(spec, f"{spec.name}-train", Command(["true"]))
+    if train.cpus_per_task:  # sbatch refuses a job whose tasks ask more CPUs than a node has
+        wanted = train.cpus_per_task * train.tasks_per_node
+        enough = sum(cpus >= wanted for cpus in partition.cpus.values())
+        ok = enough >= c.nodes
+        rows.append({"check": f"partition {partition.name}: CPUs", "ok": ok,
+                     "found": f"{enough} node(s) with {wanted} or more CPUs",
+                     "fix": "" if ok else f"the training's jobs ask {train.cpus_per_task} CPUs per task on "
+                     f"{c.nodes} node(s): set cluster.cpus_per_task to what the nodes have, or choose a partition "
+                     "of larger nodes"})
     return rows
 
 

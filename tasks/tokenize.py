@@ -162,7 +162,7 @@ def tokenize(spec: PretrainSpec, data_dir: str, reuse_only: bool = False) -> str
         requests = [stage_request(spec, f"tokenize-{i}-of-{shards}", Command(tokenize_command(
             spec, [str(p) for p in inputs], str(staging / DATA_PREFIX if arrow else parts / f"shard-{i}"),
             tokenizer, shard=f"{i}/{shards}", record=str(parts / f"shard-{i}.json"), python=sys.executable)),
-            nodes=1, gpus_per_node=None) for i in todo]
+            nodes=1, gpus_per_node=None, exclusive=False) for i in todo]
         if requests:
             outcomes = run_array(requests, cluster, folder, on_line=ShardProgress(len(requests)))
             failed = [o for o in outcomes if isinstance(o, SlurmJobFailed)]
@@ -174,7 +174,8 @@ def tokenize(spec: PretrainSpec, data_dir: str, reuse_only: bool = False) -> str
         if not arrow:
             run_job(stage_request(spec, "tokenize-merge", Command(merge_command(
                 spec, str(staging / DATA_PREFIX), [str(parts / f"shard-{i}") for i in range(shards)],
-                python=sys.executable)), nodes=1, cpus_per_task=None, gpus_per_node=None), cluster, folder)
+                python=sys.executable)), nodes=1, cpus_per_task=None, gpus_per_node=None, exclusive=False), cluster,
+                folder)
         shutil.rmtree(parts)
         if spec.tokenizer.type == "gpt2-bpe":
             # The launches name the tokenizer beside the dataset (render/dataset_files.py).

@@ -17,12 +17,15 @@ from prefect import task
 from jobs.node import Command
 from tasks.executor import cluster_for, on_nodes
 from jobs.slurm import JobRequest, ends_cancelled, stage_request
+from pretrain.checkpoints import native_step
 from pretrain.spec import PretrainSpec
 from render import native
+from render.job_end import signal_delay_s
 from render.dataset_files import eod_id
 from render.monitor import monitor_command
 from tasks.artifacts import native_compile_rows, retryable
 from tasks.attempts import MetricsFollower, finish_run, run_attempts, run_dir
+from trainer.run_layout import checkpoint_dir
 
 
 def write_config(path: Path, config: dict[str, Any]) -> None:
@@ -39,21 +42,22 @@ def train(spec: PretrainSpec, dataset: str, data_dir: str, nodelist: list[str] |
     directory = run_dir(spec, dataset)
     directory.mkdir(parents=True, exist_ok=True)
     config_path, record_path = directory / "train.json", directory / "record.json"
-    config = native.train_config(spec, dataset=dataset, run_dir=str(directory), eod_id=eod_id(spec, data_dir))
-    write_config(config_path, config)
+    eod = eod_id(spec, data_dir)
     cluster = cluster_for(spec)
     if nodelist:
         cluster = on_nodes(cluster, nodelist)
     command = Command(native.torchrun_command(spec, str(config_path), str(record_path), python=sys.executable),
                       env=native.environment(spec),
                       sidecar=monitor_command(spec, str(directory)))
-    follower = MetricsFollower(spec, directory / "metrics.jsonl", config["steps"], n.hang_timeout_min * 60,
+    follower = MetricsFollower(spec, directory / "metrics.jsonl", spec.training.steps, n.hang_timeout_min * 60,
                                devices_dir=directory / "devices")
 
-    def prepare(attempt: int) -> JobRequest:
+    def prepare(attempt: int, launch: PretrainSpec) -> JobRequest:
+        # the config of this job: its checkpoint interval re-derived where the spec says auto
+        write_config(config_path, native.train_config(launch, dataset=dataset, run_dir=str(directory), eod_id=eod))
         for stale in [record_path, *directory.glob(f"{record_path.name}.compile-*.json")]:
             stale.unlink(missing_ok=True)
-        return stage_request(spec, f"{spec.name}-train", command, signal_delay_s=n.stop_signal_delay_s)
+        return stage_request(spec, f"{spec.name}-train", command, signal_delay_s=signal_delay_s(spec))
 
     def record() -> dict[str, Any] | None:
         return json.loads(record_path.read_text()) if record_path.exists() else None
@@ -68,7 +72,8 @@ def train(spec: PretrainSpec, dataset: str, data_dir: str, nodelist: list[str] |
         return f"{outcome} -- the trainer stopped on {stopped['signal']} at step {stopped['step']} and saved a checkpoint"
 
     # A failed record ends the attempts too: a resubmission would meet the same failure.
-    attempts = run_attempts(spec, cluster, follower, n.max_restarts, prepare,
+    attempts = run_attempts(spec, cluster, follower, n.max_attempts_without_checkpoint, prepare, directory,
+                            lambda: native_step(checkpoint_dir(directory)),
                             finished=lambda outcome: (record() or {}).get("status") in ("finished", "failed"),
                             explain=explain)
     final = record() or {}

@@ -1,5 +1,5 @@
-"""The train stage's Prefect artifacts: the loss curve and its points, live progress, and the run
-summary. The content comes from ``pretrain.loss_curve``; this module only publishes it.
+"""The train stage's Prefect artifacts: the loss curve and its points, live progress, the chain of
+jobs, and the run summary. The content comes from ``pretrain.loss_curve``; this module only publishes it.
 
 These are plain functions, not tasks: the train task calls them while it polls its Slurm job,
 and a task run per chart refresh would bury the run's real tasks in the UI.
@@ -20,6 +20,8 @@ coroutines).
 from __future__ import annotations
 
 import json
+import time
+from typing import Iterable
 from uuid import UUID
 
 from prefect import get_client
@@ -29,6 +31,7 @@ from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRun
 from prefect.client.schemas.sorting import ArtifactSort
 from prefect.utilities.context import get_task_and_flow_run_ids
 
+from pretrain import run_chain
 from pretrain.device_samples import DeviceSamples
 from pretrain.loss_curve import RunSummary, loss_curve_markdown, run_summary_markdown, table_rows
 from tasks.artifacts import artifact_key
@@ -74,6 +77,16 @@ def publish_devices(spec_name: str, samples: DeviceSamples) -> None:
     nodes = len(samples.nodes)
     _publish(artifact_key(spec_name, "devices"), "markdown", samples.markdown(f"{spec_name}: devices"),
              f"device utilization, memory and errors of {nodes} node{'s' if nodes != 1 else ''}")
+
+
+def publish_chain(spec_name: str, chain: list[run_chain.Record], budget: int, step_s: float | None,
+                  advice: Iterable[str] = ()) -> None:
+    """The run's chain of jobs (``<spec>-chain``, markdown), once per job: each job's steps, why it
+    ended, the time lost before it, the goodput so far and the checkpoint advice."""
+    _publish(artifact_key(spec_name, "chain"), "markdown",
+             run_chain.markdown(f"{spec_name}: chain of jobs", chain, budget, step_s, time.time(), list(advice)),
+             f"{len(chain)} job{'s' if len(chain) != 1 else ''}, newest checkpoint at step "
+             f"{chain[-1]['checkpoint_after'] if chain else 0}")
 
 
 def publish_run_summary(spec_name: str, summary: RunSummary) -> None:

@@ -20,10 +20,11 @@ from prefect import task
 
 from tasks.executor import cluster_for
 from jobs.slurm import ends_cancelled, stage_request
+from pretrain.checkpoints import megatron_step
 from pretrain.spec import MegatronLMSpec, PretrainSpec
 from render.megatron_lm import in_container, node_command
 from tasks.artifacts import retryable
-from tasks.attempts import AppendedLog, MetricsFollower, finish_run, job_completed, run_attempts, run_dir
+from tasks.attempts import AppendedLog, MetricsFollower, finish_run, run_attempts, run_dir
 from trainer.run_layout import checkpoint_dir
 
 
@@ -36,13 +37,13 @@ def train_megatron(spec: PretrainSpec, dataset: str, image: str | None = None) -
     run = run_dir(spec, dataset)
     run.mkdir(parents=True, exist_ok=True)
     cluster = in_container(cluster_for(spec), spec, image)
-    command = node_command(spec, dataset, run)
     log = run / f"node-{spec.cluster.nodes - 1}.log"
     follower = MetricsFollower(spec, log, spec.training.steps, settings.hang_timeout_min * 60, devices_dir=run / "devices")
-    request = stage_request(spec, f"{spec.name}-train", command)
     appended = AppendedLog(log)
-    attempts = run_attempts(spec, cluster, follower, settings.max_restarts, appended.submitting(request),
-                            explain=appended.explain)
-    return finish_run(spec, follower, attempts, job_completed(attempts.history[-1]["outcome"]), [],
+    attempts = run_attempts(spec, cluster, follower, settings.max_attempts_without_checkpoint,
+                            appended.submitting(lambda launch: stage_request(
+                                launch, f"{spec.name}-train", node_command(launch, dataset, run))),
+                            run, lambda: megatron_step(checkpoint_dir(run)), explain=appended.explain)
+    return finish_run(spec, follower, attempts, attempts.finished, [],
                       status="finished", step=max(follower.stream.points, default=0), run_dir=str(run),
                       checkpoint=str(checkpoint_dir(run)))

@@ -17,7 +17,6 @@ checkpoint layout and log lines, and tested by rendering and parsing.
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 from typing import Any
 
@@ -26,29 +25,14 @@ from prefect.logging import get_run_logger
 
 from tasks.executor import cluster_for, on_nodes
 from jobs.slurm import JobRequest, ends_cancelled, stage_request
+from pretrain.checkpoints import nxdt_newest, nxdt_step
 from pretrain.neuron_compile import training_compiles
 from pretrain.spec import PretrainSpec
 from render.nxdt import config_yaml
 from render.nxdt_scripts import CONFIG_NAME, TRAIN_LOG, log_dir, node_command, node_name, train_config, train_script
 from tasks.artifacts import retryable
-from tasks.attempts import MetricsFollower, finish_run, job_completed, run_attempts, run_dir
+from tasks.attempts import MetricsFollower, finish_run, run_attempts, run_dir
 from trainer.run_layout import checkpoint_dir
-
-_STEP = re.compile(r"step=(\d+)")
-
-
-def newest_checkpoint(checkpoints: Path) -> Path | None:
-    """The complete checkpoint of the highest step under ``checkpoints``: NxD writes ``done``
-    into a checkpoint's directory only when every rank has saved (aws-neuron/neuronx-distributed
-    ``src/neuronx_distributed/trainer/checkpoint.py``, ``save_checkpoint``)."""
-    complete = [d for d in checkpoints.glob("*") if (d / "done").is_file()] if checkpoints.is_dir() else []
-
-    def order(path: Path) -> tuple[int, float]:
-        step = _STEP.search(path.name)
-        return (int(step.group(1)) if step else -1, path.stat().st_mtime)
-
-    return max(complete, key=order, default=None)
-
 
 def compile_rows(run: Path, nodes: int) -> list[dict]:
     """Per node: graphs training still compiled (0 when precompile covered them) and graphs it
@@ -82,17 +66,18 @@ def train_nxdt(spec: PretrainSpec, dataset: str, checkpoint: str | None = None,
     follower = MetricsFollower(spec, run / "node-0" / TRAIN_LOG, spec.training.steps,
                                n.hang_timeout_min * 60, devices_dir=run / "devices")
 
-    def prepare(attempt: int) -> JobRequest:
-        resume = newest_checkpoint(checkpoint_dir(log_dir(run)))
+    def prepare(attempt: int, launch: PretrainSpec) -> JobRequest:
+        resume = nxdt_newest(checkpoint_dir(log_dir(run)))
         if resume is not None:
             logger.info("train attempt %d resumes from %s", attempt + 1, resume)
-        config = train_config(spec, dataset, checkpoint, resume)
+        config = train_config(launch, dataset, checkpoint, resume)
         (run / "conf" / f"{CONFIG_NAME}.yaml").write_text(config_yaml(config))
         return stage_request(spec, f"{spec.name}-train", node_command(spec, script, run))
 
-    attempts = run_attempts(spec, cluster, follower, n.max_restarts, prepare)
-    final = newest_checkpoint(checkpoint_dir(log_dir(run)))
-    return finish_run(spec, follower, attempts, job_completed(attempts.history[-1]["outcome"]),
+    attempts = run_attempts(spec, cluster, follower, n.max_attempts_without_checkpoint, prepare, run,
+                            lambda: nxdt_step(checkpoint_dir(log_dir(run))))
+    final = nxdt_newest(checkpoint_dir(log_dir(run)))
+    return finish_run(spec, follower, attempts, attempts.finished,
                       compile_rows(run, spec.cluster.nodes), status="finished",
                       step=max(follower.stream.points, default=0), run_dir=str(run),
                       checkpoint=str(final) if final else None)

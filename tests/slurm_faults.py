@@ -119,3 +119,22 @@ class Fault(threading.Thread):
         if self.error is not None:
             raise self.error
         assert self.job_id is not None, "the fault was never injected"
+
+
+def trainer_processes(config: Path) -> dict[str, int]:
+    """The processes of ``trainer train --config <config>``: torchrun as "launcher", each rank as
+    "rank<RANK>" (torchrun sets RANK for its workers)."""
+    out = subprocess.run(["pgrep", "-f", f"trainer train --config {config}"], capture_output=True, text=True)
+    found = {}
+    for pid in map(int, out.stdout.split()):
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except (FileNotFoundError, ProcessLookupError):
+            continue  # ended meanwhile
+        if b"torch.distributed.run" in argv:
+            found["launcher"] = pid
+            continue
+        env = dict(item.split(b"=", 1) for item in environ if b"=" in item)
+        found[f"rank{env[b'RANK'].decode()}"] = pid
+    return found

@@ -209,6 +209,41 @@ def delete_block(slug: str, name: str) -> None:
 # ------------------------------------------------------------------------------ registration
 
 
+def declared() -> list[dict]:
+    """Every deployment the two prefect files declare, as `prefect deploy` reads them."""
+    return [d for name in ("prefect.yaml", "prefect-kubernetes.yaml")
+            for d in yaml.safe_load((REPO / "deployments" / name).read_text())["deployments"]]
+
+
+@pytest.mark.pure
+def test_every_pretrain_deployment_trains_from_scratch_but_the_continual_one():
+    pretrain = {d["name"]: d["parameters"] for d in declared() if d["entrypoint"] == "flows.pretrain:pretrain"}
+    assert set(pretrain) == set(list_presets()) | {"llama3-70b-continual"}
+    continual = pretrain.pop("llama3-70b-continual")
+    assert continual == {"preset": "llama3-70b", "cluster_block": "trn1-cluster",
+                         "init_from": "hf://meta-llama/Meta-Llama-3-70B"}
+    assert not [name for name, parameters in pretrain.items() if "init_from" in parameters]
+    assert not [name for name in pretrain if load_spec(name).model.init_from]
+
+
+@pytest.mark.pure
+def test_every_runbook_preset_has_a_paused_nightly_benchmark_that_loads():
+    nightly = {d["name"]: d for d in declared() if d["entrypoint"] == "flows.nightly_benchmark:nightly_benchmark"}
+    assert set(nightly) == set(list_presets())
+    for name, deployment in nightly.items():
+        [schedule] = deployment["schedules"]
+        # only tiny-local's data is on this machine; the others wait for a cluster and its blocks
+        assert schedule.get("active", True) is (name == "tiny-local"), name
+        assert schedule["parameters"] == deployment["parameters"] and deployment["parameters"]["preset"] == name
+        assert deployment["concurrency_limit"] == {"limit": 1, "collision_strategy": "CANCEL_NEW"}
+        spec = load_spec(name, deployment["parameters"].get("overrides", []))
+        if name != "tiny-local":
+            # the description names what to set before resuming it: the cluster block it names, the history
+            description = deployment["description"]
+            assert "schedule is paused" in description and "history" in description, name
+            assert spec.cluster.block and spec.cluster.block in description, name
+
+
 def test_deploy_registers_a_deployment_per_preset_with_a_form_and_the_nightly_schedule(deployed):
     from prefect import get_client
 
@@ -248,12 +283,13 @@ def test_deploy_registers_a_deployment_per_preset_with_a_form_and_the_nightly_sc
 def test_llama3_70b_dry_run_publishes_every_rendered_file(worker):
     delete_block("slurm-cluster", "trn1-cluster")
     # Before the site has saved its cluster block, a dry run still previews everything.
-    run = wait_for(run_deployment(worker, "pretrain/llama3-70b", param={"dry_run": "true"}), worker, timeout=180)
+    run = wait_for(run_deployment(worker, "pretrain/llama3-70b-continual", param={"dry_run": "true"}), worker,
+                   timeout=180)
     assert run.state.is_completed(), run.state.message
     artifacts = artifacts_of(run.id)
     config = artifacts["llama3-70b-render-nxdt-config"].data
     assert "tensor_model_parallel_size: 32" in config and "pipeline_model_parallel_size: 8" in config
-    # the deployment is the runbook's continual pre-training: convert the HF weights, start from them
+    # the runbook's continual pre-training (the llama3-70b preset): convert the HF weights, start from them
     assert "resume_from_checkpoint: <convert-output>/" in config and "weight_init_only: true" in config
     convert = artifacts["llama3-70b-render-convert"].data
     assert ("hf-to-nxdt --input '<hub-output:model.init_from>' --output '<convert-output>' --tp 32 --pp 8 "
@@ -475,7 +511,7 @@ def test_a_slurm_side_failure_is_the_flow_runs_state_message(worker, tiny_local,
     clean_queue.append(job_name := f"{(name := 'slurm-side-failure')}-train")
     older = set(dict(squeue(job_name)))
     run_id = run_deployment(worker, "pretrain/tiny-local",
-                            {"overrides": endless(tiny_local, name, "backend.native.max_restarts=0")})
+                            {"overrides": endless(tiny_local, name, "backend.native.max_attempts_without_checkpoint=0")})
     job = running_job(job_name, older)
     subprocess.run(["scancel", job], check=True, timeout=60)
     run = wait_for(run_id, worker, timeout=180)

@@ -61,12 +61,13 @@ def test_req_node_not_avail_fails_only_when_every_named_node_is_out_of_service()
 
 @pytest.mark.pure
 def test_partition_shape_from_sinfo():
-    nodes = ("p5-1|idle|gpu:h100:8(S:0-1)|gpu*\np5-2|down*|gpu:h100:8(S:0-1)|gpu*\n"
-             "p5-3|drained|gpu:4|gpu*\ncpu-1|idle|(null)|cpu\n")
+    nodes = ("p5-1|idle|gpu:h100:8(S:0-1)|192|gpu*\np5-2|down*|gpu:h100:8(S:0-1)|192|gpu*\n"
+             "p5-3|drained|gpu:4|96|gpu*\ncpu-1|idle|(null)|2|cpu\n")
     sizes = "gpu*|1-16\ncpu|1-infinite\n"
     gpu = parse_partition(None, nodes, sizes)
     assert (gpu.name, len(gpu.nodes), gpu.usable, gpu.max_nodes) == ("gpu", 3, ["p5-1"], 16)
     assert gpu.gpus == {"p5-1": 8, "p5-2": 8, "p5-3": 4}
+    assert gpu.cpus == {"p5-1": 192, "p5-2": 192, "p5-3": 96}
     assert parse_partition("cpu", nodes, sizes).max_nodes is None
     assert parse_partition("trn1", nodes, sizes) is None
     assert gres_gpus("gpu:a100:4,nvme:1") == 4 and gres_gpus("(null)") == 0
@@ -80,6 +81,62 @@ def test_multi_node_jobs_wait_for_all_their_nodes(tmp_path):
 
     assert "#SBATCH --wait-all-nodes=1" in sbatch(16)
     assert "--wait-all-nodes" not in sbatch(1)
+
+
+@pytest.mark.pure
+def test_every_trainium_preset_precompiles_and_trains_on_whole_nodes_with_the_runbooks_cpus():
+    from pretrain.presets import list_presets
+    from tasks.dry_run import render_files
+
+    trainium = [p for p in list_presets() if load_spec(p).backend.trainium]
+    assert {"llama3-70b", "llama3-70b-trn2", "megatron-gpt-6.7b", "llama3-70b-trn2-torchneuron"} <= set(trainium)
+    for preset in trainium:
+        spec = load_spec(preset)
+        files = render_files(spec)
+        launched = [files[f] for f in ("sbatch_precompile.sh", "sbatch_train.sh") if f in files]
+        assert launched, preset
+        for sbatch in launched:
+            assert "#SBATCH --exclusive" in sbatch and "#SBATCH --cpus-per-task=128" in sbatch, preset
+            assert ("#SBATCH --wait-all-nodes=1" in sbatch) == (spec.cluster.nodes > 1), preset
+        # the pipeline's own one-node jobs share nodes, with the spec's CPUs
+        for side in ("sbatch_tokenize.sh", "sbatch_convert.sh"):
+            if side in files:
+                assert "--exclusive" not in files[side] and "--cpus-per-task" not in files[side], (preset, side)
+    # a site whose nodes run other jobs beside training turns it off in its block
+    shared = render_files(load_spec("llama3-70b"), SlurmCluster(executor="slurm", exclusive=False))
+    assert "--exclusive" not in shared["sbatch_train.sh"] and "--cpus-per-task=128" in shared["sbatch_train.sh"]
+
+
+@pytest.mark.pure
+def test_a_one_node_cpu_job_shares_its_node_and_a_multi_node_one_takes_them_whole():
+    """tiny-local's jobs run on the local stack's one 2-CPU node beside the suite's other jobs."""
+    from tasks.dry_run import render_files
+
+    alone = render_files(load_spec("tiny-local"))
+    assert "--exclusive" not in alone["sbatch_train.sh"] and "--exclusive" not in alone["sbatch_precompile.sh"]
+    wide = render_files(load_spec("tiny-local", ["cluster.nodes=2"]))
+    for sbatch in (wide["sbatch_train.sh"], wide["sbatch_precompile.sh"]):
+        assert "#SBATCH --exclusive" in sbatch and "#SBATCH --cpus-per-task=2" in sbatch
+    assert "--exclusive" not in wide["sbatch_tokenize.sh"]
+
+
+@pytest.mark.pure
+def test_the_preflight_checks_the_nodes_have_the_cpus_training_asks_for(monkeypatch):
+    from jobs.nodes import Partition
+    from tasks import preflight as checks
+
+    def nodes_of(cpus: int) -> Partition:
+        return Partition("trn1", {f"trn1-{i}": "idle" for i in range(16)}, {f"trn1-{i}": 0 for i in range(16)},
+                         {f"trn1-{i}": cpus for i in range(16)}, None)
+
+    spec = load_spec("llama3-70b")
+    monkeypatch.setattr(checks, "read_partition", lambda name: nodes_of(128))
+    rows = {r["check"]: r for r in checks.partition_rows(spec, SlurmCluster(partition="trn1"))}
+    assert rows["partition trn1: CPUs"]["ok"]
+    monkeypatch.setattr(checks, "read_partition", lambda name: nodes_of(96))
+    row = {r["check"]: r for r in checks.partition_rows(spec, SlurmCluster(partition="trn1"))}["partition trn1: CPUs"]
+    assert not row["ok"] and row["found"] == "0 node(s) with 128 or more CPUs"
+    assert "128 CPUs per task" in row["fix"] and "cluster.cpus_per_task" in row["fix"]
 
 
 @pytest.mark.pure
@@ -227,8 +284,11 @@ def test_a_job_that_only_waits_says_why_and_for_how_long_at_each_interval(local_
 
 
 def neuron_spec(root: Path, examples: Path, nodes: int = 1):
-    return load_spec("megatron-gpt-6.7b", [f"paths.root={root}", "cluster.executor=slurm", "cluster.time_limit_min=5",
-                                           f"cluster.nodes={nodes}", f"backend.neuron.examples_dir={examples}"])
+    # cpus_per_task: the local stack's node, standing in for a Trainium node, has 2 CPUs, not the runbooks' 128
+    return load_spec("megatron-gpt-6.7b", [f"paths.root={root}", "cluster.executor=slurm", "cluster.time_limit_min=5", "cluster.startup_min=1",
+                                           "backend.neuron.save_before_limit_s=60",
+                                           f"cluster.nodes={nodes}", f"backend.neuron.examples_dir={examples}",
+                                           "cluster.cpus_per_task=1"])
 
 
 def neuron_stand_ins(root: Path, *on_path: str) -> tuple[Path, Path]:

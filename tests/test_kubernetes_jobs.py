@@ -241,7 +241,8 @@ def test_training_runs_on_the_nodes_precompile_ran_on_and_leaves_out_a_lost_one(
                 tmp_path, manifests, poll_s=0.01, on_submit=precompile.append)
         pinned = on_nodes(eks, job_nodes(precompile[0]))
         follower = MetricsFollower(spec, tmp_path / "metrics.jsonl", 10, 600)
-        attempts = run_attempts(spec, pinned, follower, max_restarts=1, prepare=lambda attempt: JobRequest(
+        attempts = run_attempts(spec, pinned, follower, budget=1, run=tmp_path, checkpoint_step=lambda: 0,
+                                prepare=lambda attempt, launch: JobRequest(
             "gpt-train", Command(["torchrun"]), 60, nodes=2, gpus_per_node=8))
     assert [a["outcome"].split(":")[0] for a in attempts.history] == ["NODE_FAIL", "completed"]
     assert attempts.history[0]["nodes"] == "ip-10-0-1-1,ip-10-0-1-2" and attempts.excluded == {"ip-10-0-1-1"}
@@ -272,8 +273,9 @@ def test_a_run_that_may_go_on_with_fewer_nodes_is_resubmitted_elastic_without_th
         spec = load_spec("tiny-local", ["cluster.block=kubernetes-cluster/eks", f"paths.root={tmp_path}/pretrain",
                                         "cluster.nodes=2", "cluster.min_nodes=1"])
         follower = MetricsFollower(spec, tmp_path / "metrics.jsonl", 10, 600)
-        attempts = run_attempts(spec, KubernetesTarget(cluster, spec), follower, max_restarts=1,
-                                prepare=lambda attempt: JobRequest("tiny-train", Command(["torchrun"]), 60, nodes=2))
+        attempts = run_attempts(spec, KubernetesTarget(cluster, spec), follower, budget=1, run=tmp_path,
+                                checkpoint_step=lambda: 0,
+                                prepare=lambda attempt, launch: JobRequest("tiny-train", Command(["torchrun"]), 60, nodes=2))
     assert [a["outcome"].split(":")[0] for a in attempts.history] == ["NODE_FAIL", "completed"]
     first, second = server.created()
     for body in (first, second):
@@ -303,7 +305,8 @@ def test_an_attempt_that_failed_names_the_node_whose_gpu_reported_an_xid_and_lea
     with RecordedApiServer([failed, failed]) as server:
         eks = target(server, tmp_path)
         follower = MetricsFollower(eks.spec, tmp_path / "metrics.jsonl", 10, 600, devices_dir=devices)
-        attempts = run_attempts(eks.spec, eks, follower, max_restarts=1, prepare=lambda attempt: JobRequest(
+        attempts = run_attempts(eks.spec, eks, follower, budget=1, run=tmp_path, checkpoint_step=lambda: 0,
+                                prepare=lambda attempt, launch: JobRequest(
             "gpt-train", Command(["torchrun"]), 60, nodes=2, gpus_per_node=8))
     first, second = (a["outcome"] for a in attempts.history)
     assert first.startswith("FAILED: ") and first.endswith(" -- device errors on ip-10-0-1-1 (gpu3: XID 79)")

@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from cli.main import main
-from blocks.kubernetes import KubernetesCluster, Toleration, runbook_cluster
+from blocks.kubernetes import RUNBOOK_NETWORK_ENV, KubernetesCluster, Toleration, runbook_cluster
 from jobs.node import Command
 from pretrain.presets import load_spec
 from render import kubernetes
@@ -59,9 +59,9 @@ def test_every_object_of_the_eks_preset_validates_and_carries_the_runbooks_shape
 
 def test_a_run_that_may_go_on_with_fewer_nodes_gets_its_elastic_policy_from_min_nodes():
     """cluster.min_nodes asks for it, as it does on Slurm: Workers only, between min_nodes and
-    nodes pods, their pods restarted up to the backend's max_restarts; pinned to precompile's nodes."""
+    nodes pods, their pods restarted up to the backend's failure budget; pinned to precompile's nodes."""
     shrinking = ["cluster.block=kubernetes-cluster/eks", "paths.root=/fsx/pretrain", "cluster.nodes=2",
-                 "backend.native.max_restarts=3"]
+                 "backend.native.max_attempts_without_checkpoint=3"]
     spec = load_spec("tiny-local", [*shrinking, "cluster.min_nodes=1"])
     body = kubernetes.pytorch_job(eks(), spec, "tiny-train", "train", Command(["torchrun", "--nnodes", "$NNODES"]),
                                   60, nodes=("ip-10-0-1-1", "ip-10-0-1-2"))
@@ -135,3 +135,57 @@ def test_cli_render_of_the_eks_preset_writes_the_jobs_and_the_pytorchjob(tmp_pat
     assert main(["render", "gpt3-7.5b-eks", "--out", str(tmp_path)]) == 0
     for name in ("k8s_tokenize.yaml", "k8s_train.yaml"):
         assert invalid(yaml.safe_load((tmp_path / name).read_text())) == [], name
+
+
+def containers(body: dict) -> list[dict]:
+    """Every container of a Job's pod or of each PyTorchJob replica's."""
+    templates = ([r["template"] for r in body["spec"]["pytorchReplicaSpecs"].values()]
+                 if body["kind"] == "PyTorchJob" else [body["spec"]["template"]])
+    return [c for t in templates for c in t["spec"]["containers"]]
+
+
+def test_every_pod_of_the_eks_preset_carries_the_runbooks_network_settings(tmp_path):
+    """The runbook's PyTorchJob sets libfabric's EFA provider and NCCL's settings in its container;
+    every pod of every stage gets them from the block, and the manifests still validate."""
+    assert main(["render", "gpt3-7.5b-eks", "--out", str(tmp_path)]) == 0
+    rendered = sorted(tmp_path.glob("k8s_*.yaml"))
+    assert {p.name for p in rendered} >= {"k8s_tokenize.yaml", "k8s_train.yaml"}
+    for path in rendered:
+        body = yaml.safe_load(path.read_text())
+        assert invalid(body) == [], path.name
+        for container in containers(body):
+            env = {e["name"]: e.get("value") for e in container["env"]}
+            assert env.items() >= RUNBOOK_NETWORK_ENV.items(), path.name
+    assert RUNBOOK_NETWORK_ENV == {"FI_PROVIDER": "efa", "FI_EFA_USE_DEVICE_RDMA": "1", "FI_EFA_FORK_SAFE": "1",
+                                   "NCCL_SOCKET_IFNAME": "^lo", "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",
+                                   "NCCL_DEBUG": "INFO"}
+
+
+def test_the_sites_env_goes_over_the_network_settings_and_the_stages_own_over_both():
+    spec = load_spec("gpt3-7.5b-eks")
+    cluster = eks().model_copy(update={"env": {"NCCL_DEBUG": "WARN", "PRETRAIN_PEAK_TFLOPS": "989",
+                                               "MASTER_PORT": "1", "NODE_NAME": "mine"}})
+    train = kubernetes.pytorch_job(cluster, spec, "t", "train", Command(["true"], env={"NCCL_SOCKET_IFNAME": "eth0"}),
+                                   60)
+    job = kubernetes.batch_job(cluster, spec, "j", "convert", Command(["true"]), 60)
+    for body in (train, job):
+        assert invalid(body) == []
+        for container in containers(body):
+            names = [e["name"] for e in container["env"]]
+            assert len(names) == len(set(names)), names  # one entry per name
+            env = {e["name"]: e.get("value", e.get("valueFrom")) for e in container["env"]}
+            assert env["NCCL_DEBUG"] == "WARN" and env["PRETRAIN_PEAK_TFLOPS"] == "989"
+            assert env["FI_PROVIDER"] == "efa"
+            assert env["NODE_NAME"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}  # the downward API's
+    assert {e["name"]: e.get("value") for e in containers(train)[0]["env"]}["NCCL_SOCKET_IFNAME"] == "eth0"
+    assert {e["name"]: e.get("value") for e in containers(job)[0]["env"]}["MASTER_PORT"] == "29500"
+    # a cluster without EFA leaves the network settings out
+    bare = kubernetes.batch_job(eks().model_copy(update={"network_env": {}}), spec, "j", "convert",
+                                Command(["true"]), 60)
+    assert "FI_PROVIDER" not in {e["name"] for e in containers(bare)[0]["env"]}
+
+
+@pytest.mark.parametrize("field", ["env", "network_env"])
+def test_a_variable_name_no_shell_can_export_is_refused_naming_the_field(field):
+    with pytest.raises(ValueError, match=rf"{field}\n.*'NCCL-DEBUG' is not a variable name a shell can export"):
+        KubernetesCluster(volume_claim="fsx-claim", **{field: {"NCCL-DEBUG": "INFO"}})

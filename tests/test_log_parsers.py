@@ -13,6 +13,7 @@ import pytest
 from tqdm import tqdm
 
 from pretrain.log_parsers import parse_log, preprocess_progress, rank_error
+from pretrain.loss_curve import metrics_summary
 from public_logs import blocks
 
 pytestmark = pytest.mark.pure  # no stack, no Prefect API: `make check` runs it
@@ -337,8 +338,20 @@ def test_public_torchtitan_step_lines_parse_with_every_value():
     assert coloured["time"] == datetime(2025, 6, 10, 21, 58, 27, 8000).timestamp()
     ranked = parse_log(lines[3]).points[200]
     assert (ranked["rank"], ranked["tflops_per_device"], ranked["mfu_pct"]) == (0, 339.16, 34.29)
-    # its validation line is not read as a step (no published one could be traced to its source)
-    assert not parse_log(lines[0].replace("step: 700", "validate step: 700")).points
+
+
+def test_torchtitan_validation_lines_give_the_steps_validation_loss():
+    """torchtitan 0.3.0's validator line, composed from its format string (tests/assets/logs/SOURCES.md):
+    its loss is the step's val_loss beside the training line's values, never a training loss."""
+    [(source, lines)] = blocks("torchtitan-validation-format.txt")
+    assert source.endswith("torchtitan/blob/v0.3.0/torchtitan/components/metrics.py")
+    stream = parse_log("\n".join(lines))
+    assert stream.skipped == 0
+    first, tenth = stream.as_list()
+    assert first == {"step": 1, "val_loss": 10.8212}
+    assert (tenth["loss"], tenth["val_loss"], tenth["tokens_per_s_per_device"]) == (5.612, 5.7034, 45678)
+    assert tenth["time"] == datetime(2026, 1, 5, 10, 0, 9, 500000).timestamp()  # the training line's
+    assert metrics_summary(stream.as_list())["final_val_loss"] == 5.7034
 
 
 def test_published_lightning_bars_give_the_steps_they_report():
@@ -522,12 +535,13 @@ def test_an_appended_node_log_names_each_failed_attempts_own_error(tmp_path):
     (_, died), = blocks("megatron-lm-failure-public.txt")
     log = tmp_path / "node-1.log"
     appended = AppendedLog(log)
-    prepare = appended.submitting(request := JobRequest("gpt-train", Command(["torchrun"]), 60))
+    request = JobRequest("gpt-train", Command(["torchrun"]), 60)
+    prepare = appended.submitting(lambda launch: request)
     attempts = [real_run[:len(real_run) // 2] + "\n".join(died) + "\n", real_run, "srun: error: node2: task 1: Killed\n"]
     outcomes = ["FAILED: job 7 ended FAILED with exit code 1:0", COMPLETED, "FAILED: job 9 ended FAILED with exit code 1:0"]
     explained = []
     for attempt, (text, outcome) in enumerate(zip(attempts, outcomes)):
-        assert prepare(attempt) is request
+        assert prepare(attempt, None) is request
         with open(log, "a") as f:
             f.write(text)
         explained.append(appended.explain(outcome))

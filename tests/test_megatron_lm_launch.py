@@ -89,7 +89,7 @@ def test_torchrun_in_the_pyxis_container():
     # the image stage's squashfs, submitit started by the image's Python
     cluster = in_container(SlurmCluster(executor="slurm"), spec, "/fsx/pretrain/image/image-k/image.sqsh")
     assert slurm_parameters(cluster, JobRequest("t", Command(["true"]), time_limit_min=5))["srun_args"] == [
-        "--container-image=/fsx/pretrain/image/image-k/image.sqsh", "--container-mounts=/fsx:/fsx"]
+        "--export=ALL", "--container-image=/fsx/pretrain/image/image-k/image.sqsh", "--container-mounts=/fsx:/fsx"]
     assert cluster.python == "python"
     # or an image built elsewhere, named in the spec
     named = load_spec("gpt3-7.5b-gpu", ["backend.megatron_lm.image=null",

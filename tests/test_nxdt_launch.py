@@ -119,3 +119,36 @@ def test_precompile_wraps_the_same_launch_with_per_node_cache_and_retry():
     retry = precompile_environment(spec, per_node_cache=True, retry_failed=True)
     assert retry["NEURON_COMPILE_CACHE_URL"] == "/home/ubuntu/neuron_cache/node-$NODE_RANK"
     assert retry["NEURON_CC_FLAGS"] == "--retry_failed_compilation"
+
+
+def test_the_16_node_gpt3_preset_renders_the_tutorial_scripts_values():
+    # aws-neuron/aws-neuron-reference-for-megatron-lm examples/pretrain_gpt3_6.7B_32layers_bf16_bs1024_slurm.sh;
+    # docs/gpt3-6.7b-tutorial.md
+    spec = load_spec("gpt3-6.7b-trn1-16node")
+    assert (spec.world_size, spec.dp, spec.grad_accumulation) == (512, 64, 16)
+    config = nxdt_config(spec, "/data/my-gpt2_text_document")
+    model, optim, trainer = config["model"], config["model"]["optim"], config["trainer"]
+    assert config["distributed_strategy"]["tensor_model_parallel_size"] == 8 and trainer["num_nodes"] == 16
+    assert (trainer["max_steps"], trainer["gradient_clip_val"], trainer["limit_val_batches"]) == (143051, 1.0, 0.0)
+    assert (optim["lr"], optim["weight_decay"], optim["betas"]) == (1.2e-4, 0.1, [0.9, 0.95])
+    # cosine to 1.2e-5 over --lr-decay-iters 123977: NeMo decays over max_steps - constant - warm-up
+    sched = optim["sched"]
+    assert (sched["name"], sched["min_lr"], sched["warmup_steps"]) == ("CosineAnnealing", 1.2e-5, 155)
+    assert trainer["max_steps"] - sched["constant_steps"] == 123977
+    assert model["init_method_std"] == 0.006
+    assert model["hidden_dropout"] == model["attention_dropout"] == model["ffn_dropout"] == 0.0
+    assert config["precision"]["type"] == "bf16SR" and config["neuron_rt_exec_timeout"] == 600
+    checkpoints = config["exp_manager"]["checkpoint_callback_params"]
+    assert (checkpoints["every_n_train_steps"], checkpoints["save_top_k"]) == (2000, 1)
+    assert config["data"]["splits_string"] == "100,0,0"
+
+
+def test_gpt_init_std_and_dropout_default_to_the_published_config_and_llama_refuses_them():
+    model = nxdt_config(load_spec("megatron-gpt-6.7b"), "/data")["model"]
+    assert (model["init_method_std"], model["hidden_dropout"], model["ffn_dropout"]) == (0.021, 0.1, 0.1)
+    model = nxdt_config(load_spec("megatron-gpt-6.7b", ["backend.neuron.dropout=0.05"]), "/data")["model"]
+    assert model["attention_dropout"] == 0.05
+    with pytest.raises(SpecError, match=re.escape("backend.neuron.init_method_std: NxDT's Llama model takes its "
+                                                  "init std and dropout from the config.json")):
+        load_spec("llama3-70b", ["backend.neuron.init_method_std=0.01"])
+    assert load_spec("llama3-70b").backend.neuron.dropout is None

@@ -13,6 +13,7 @@ import yaml
 from omegaconf import OmegaConf
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError
 
+from pretrain.checkpoint_interval import planned
 from pretrain.hub_refs import spec_references, with_local_values
 from pretrain.presets import load_spec
 from render.nxdt import config_yaml, nxdt_config, precompile_command
@@ -99,7 +100,7 @@ ABSENT = "absent"  # a key one side does not set, as the docs' tables write it
 def rendered_text(preset: str) -> str:
     """The conf as a run renders it, its own paths in the examples' places: the dataset, and the
     config.json that fetch brings from the Hub where the tutorial wgets it."""
-    spec = load_spec(preset)
+    spec = planned(load_spec(preset))  # checkpoint_interval=auto as the first job is launched
     if "backend.neuron.hf_config" in spec_references(spec):
         spec = with_local_values(spec, {"backend.neuron.hf_config": LLAMA_CONFIG})
     return config_yaml(nxdt_config(spec, PRESETS[preset][1]))

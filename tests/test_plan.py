@@ -14,6 +14,8 @@ from pathlib import Path
 import pytest
 from prefect import flow
 
+from cli.main import main
+from deployments import stack
 from flows.plan import plan, plan_table
 from flows.pretrain import run_stages
 from pretrain.presets import load_spec
@@ -129,3 +131,37 @@ def test_a_stage_named_that_the_backend_has_no_job_for_is_refused_before_anythin
     assert not (tmp_path / "root").exists()
     skipped = {row.stage: row.reason for row in plan(spec) if row.action == "skip"}
     assert skipped[refused.split()[0]] in str(raised.value)  # the plan's reason, word for word
+
+
+def test_a_plan_without_the_hub_tokens_secret_block_says_so_in_one_line(tmp_path, capsys):
+    """llama3-70b's tokenizer and checkpoint come from a gated Hub repository, read with the token
+    of the Secret block hub.token_block names: without that block the plan printed a traceback.
+    It prints the one line that names the field, the API it asked and the fix, and exits 2, as a
+    bad spec does."""
+    assert main(["plan", "llama3-70b", f"--set=paths.root={tmp_path}"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: hub.token_block='huggingface-token': no Secret block of that name in the "
+                          "Prefect API at http"), err
+    assert "Secret(value=<a Hugging Face token>).save('huggingface-token')" in err
+    assert err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_plan_of_tiny_local_with_no_api_set_reads_its_block_without_an_error_line(local_stack, tmp_path):
+    """tiny-local lists its S3 corpus with the credentials of the block `local-s3`, so with no
+    PREFECT_API_URL the plan starts Prefect's ephemeral server to read it, as the demo does (a
+    plan that reads no block starts none). That server's telemetry logged an ERROR line offline
+    ("Failed to send telemetry"); it is off, and nothing else says ERROR."""
+    env = {name: value for name, value in os.environ.items()
+           if name not in ("PREFECT_API_URL", "PREFECT_SERVER_ANALYTICS_ENABLED")}  # as on a fresh shell
+    env |= {"HOME": str(tmp_path), "PREFECT_HOME": str(tmp_path / "prefect"),
+            "PRETRAIN_STACK_DIR": str(stack.stack_dir())}
+    pretrain = str(Path(sys.executable).with_name("pretrain"))
+    inputs = subprocess.run([pretrain, "demo", "--inputs-only"], cwd=ROOT, env=env, capture_output=True, text=True,
+                            timeout=600)
+    assert inputs.returncode == 0, inputs.stdout[-3000:] + inputs.stderr[-3000:]
+    out = subprocess.run([pretrain, "plan", "tiny-local", f"--set=paths.root={tmp_path / 'root'}"], cwd=ROOT,
+                         env=env, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert actions(out.stdout)["fetch"] == "RUN", out.stdout
+    printed = out.stdout + out.stderr + inputs.stdout + inputs.stderr
+    assert "ERROR" not in printed and "Traceback" not in printed, printed[-3000:]

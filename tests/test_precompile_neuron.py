@@ -172,8 +172,10 @@ def precompile_once(spec):
 def test_job_on_slurm_reports_the_node_that_produced_no_results(local_stack, shared_dir):
     """The real job path up to neuron_parallel_compile, which does not exist here: the node's
     directory, links and host name are in place, and the task fails naming the node."""
+    # cpus_per_task: the local stack's node, standing in for a Trainium node, has 2 CPUs, not the runbooks' 128
     spec = load_spec("megatron-gpt-6.7b", [f"paths.root={shared_dir}", "cluster.executor=slurm",
-                                           "cluster.time_limit_min=5"])
+                                           "cluster.time_limit_min=5", "cluster.startup_min=1",
+                                           "backend.neuron.save_before_limit_s=60", "cluster.cpus_per_task=1"])
     state = precompile_once(spec, return_state=True)
     assert state.is_failed()
     node = subprocess.run(["sinfo", "-h", "-o", "%N"], capture_output=True, text=True, check=True).stdout.strip()

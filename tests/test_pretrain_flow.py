@@ -173,7 +173,7 @@ def test_demo_starts_the_ephemeral_server_without_its_telemetry_service():
     held the lock. The demo starts that server (a subprocess inheriting its environment) without
     the service, and only without that one."""
     env = {k: v for k, v in os.environ.items() if k != "PREFECT_SERVER_ANALYTICS_ENABLED"}  # set by conftest
-    script = ("from deployments.demo import configure_ephemeral_server\n"
+    script = ("from deployments.ephemeral import configure_ephemeral_server\n"
               "configure_ephemeral_server()\n"
               "import prefect.server.services\n"
               "from prefect.server.services.perpetual_services import get_enabled_perpetual_services\n"

@@ -204,7 +204,7 @@ def test_torchrun_waits_the_whole_stop_signal_lead_before_killing_the_ranks(monk
     from pretrain.presets import load_spec
     from render import native
 
-    spec = load_spec("tiny-local", ["backend.native.stop_signal_delay_s=300"])
+    spec = load_spec("tiny-local", ["backend.native.save_before_limit_s=300"])
     for name, value in native.environment(spec).items():
         monkeypatch.setenv(name, value)
     args = get_args_parser().parse_args(["--nproc_per_node", "2", "-m", "trainer", "train"])

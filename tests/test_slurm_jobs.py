@@ -77,11 +77,11 @@ def test_slurm_parameters_render_site_settings_and_never_submitits_default_time(
                            container_mounts=["/fsx:/fsx"], setup=["module load neuron"],
                            sbatch_options={"constraint": "trn1.32xlarge"})
     request = JobRequest("train", Command(["true"]), time_limit_min=720, nodes=16,
-                         tasks_per_node=1, exclude=("bad-2",), signal_delay_s=300)
+                         tasks_per_node=1, exclude=("bad-2",), signal_delay_s=300, exclusive=True)
     params = slurm_parameters(cluster, request)
     assert params["time"] == 720 and params["nodes"] == 16 and params["exclusive"] is True
     assert params["exclude"] == "bad-1,bad-2"
-    assert params["srun_args"] == ["--container-image=nvcr.io/nvidia/pytorch:25.01-py3",
+    assert params["srun_args"] == ["--export=ALL", "--container-image=nvcr.io/nvidia/pytorch:25.01-py3",
                                    "--container-mounts=/fsx:/fsx"]
     script = submitit.slurm.slurm._make_sbatch_string(command="x", folder=tmp_path, **params)
     for line in ("#SBATCH --time=720", "#SBATCH --nodes=16", "#SBATCH --partition=trn1",
@@ -230,6 +230,40 @@ def test_a_job_preempted_where_preemption_requeues_runs_again_and_succeeds(local
         assert bystander.state == "RUNNING"
     finally:
         bystander.cancel()
+
+
+def test_a_job_sets_what_its_program_reads_and_takes_nothing_else_from_the_submitting_shell(
+        local_stack, shared_dir, monkeypatch):
+    """sbatch hands the submitting shell to a job by default: a COMPILE=1 left in the worker's shell
+    would turn NxDT's training into a 10-step graph extraction, and a token there would reach every
+    node. NxDT cannot run here: the job runs the rendered train.sh with its torchrun line replaced by
+    a program that records the environment it was started with."""
+    import json
+
+    from pretrain.presets import load_spec
+    from render.nxdt_scripts import node_script, train_environment
+
+    monkeypatch.setenv("COMPILE", "1")
+    monkeypatch.setenv("HF_TOKEN", "hf_left_in_the_workers_shell")
+    monkeypatch.setenv("PREFECT_API_AUTH_STRING", "pretrain:the-workers-credential")  # the API's, if it has auth
+    spec = load_spec("llama3-70b", [f"paths.root={shared_dir}"])
+    report = [sys.executable, "-c", "import json, os, sys; json.dump(dict(os.environ), open(sys.argv[1], 'w'))"]
+    script = shared_dir / "train.sh"
+    script.write_text(node_script(spec, "NxDT training on this node (train.sh)", train_environment(spec, None),
+                                  str(shared_dir / "conf"), str(shared_dir / "run"),
+                                  [*report, str(shared_dir / "program.json")], "train.log"))
+    assert "export COMPILE=0" in script.read_text().splitlines()
+    cluster = SlurmCluster(executor="slurm", env={"PRETRAIN_PEAK_TFLOPS": "95 (a site's)"})
+    run_job(JobRequest("nxdt-environment", Command([*report, str(shared_dir / "job.json")]), time_limit_min=2),
+            cluster, shared_dir, poll_s=0.5)
+    run_job(JobRequest("nxdt-train", Command(["bash", str(script)]), time_limit_min=2), cluster, shared_dir,
+            poll_s=0.5)
+    job, program = (json.loads((shared_dir / f"{name}.json").read_text()) for name in ("job", "program"))
+    assert "COMPILE" not in job and "HF_TOKEN" not in job  # nothing of the shell beyond what a job needs
+    assert not any("the-workers-credential" in value for value in (*job.values(), *program.values()))
+    assert job["PATH"] == os.environ["PATH"] and job["SLURM_CONF"] == os.environ["SLURM_CONF"]
+    assert job["PRETRAIN_PEAK_TFLOPS"] == "95 (a site's)"  # the block's env
+    assert program["COMPILE"] == "0" and "HF_TOKEN" not in program  # the program trains
 
 
 def test_time_limit_ends_with_timeout(local_stack, shared_dir):

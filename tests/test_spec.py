@@ -28,7 +28,8 @@ def test_every_runbook_workload_has_a_preset_that_validates():
     ("llama3-70b", 512, 2, 512),        # 16 x 32 / (32 x 8)
     ("llama3-70b-trn2", 512, 4, 256),   # 8 x 64 / (32 x 4)
     ("llama3-70b-cp", 512, 1, 1024),    # 16 x 32 / (32 x 8 x 2)
-    ("gpt3-6.7b-trn1-16node", 512, 16, 64),
+    ("llama3.1-70b", 512, 2, 512),      # the same 16 nodes as Llama 3
+    ("gpt3-6.7b-trn1-16node", 512, 64, 16),  # the tutorial script's tp 8
     ("gpt3-7.5b-gpu", 16, 2, 144),
 ])
 def test_derived_parallel_sizes_match_the_runbooks(preset, world, dp, accumulation):
@@ -43,7 +44,7 @@ def test_published_values_of_the_70b_presets():
     assert load_spec("llama3-70b").backend.neuron.lnc == 1
     llama31 = load_spec("llama3.1-70b")
     assert llama31.model.rope_scaling.factor == 8.0 and llama31.model.max_position_embeddings == 131072
-    assert llama31.cluster.nodes == 32 and llama31.model.num_layers == 80
+    assert llama31.cluster.nodes == 16 and llama31.model.num_layers == 80
 
 
 def test_gpt_size_table_fills_the_shape():
@@ -255,6 +256,17 @@ def test_spec_files_extend_presets_and_name_their_line_on_yaml_errors(tmp_path):
     broken = tmp_path / "broken.yaml"
     broken.write_text("name: x\nmodel: [unclosed\n")
     assert f"{broken}:" in rejected(str(broken)) and "invalid YAML" in rejected(str(broken))
+
+
+def test_a_preset_is_the_preset_whatever_the_current_directory_holds(tmp_path, monkeypatch):
+    """llama3-70b-trn2 extends llama3-70b: a folder of that name where the command runs is not it."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "llama3-70b").mkdir()
+    (tmp_path / "tiny-local").write_text("name: not-the-preset\n")
+    assert load_spec("llama3-70b-trn2").backend.neuron.instance_type == "trn2"
+    assert load_spec("llama3-70b").name == "llama3-70b" and load_spec("tiny-local").name == "tiny-local"
+    (tmp_path / "mine").write_text("extends: llama3-70b\nname: mine\n")  # a file without .yaml, not a preset
+    assert load_spec("mine").backend.neuron.instance_type == "trn1"
 
 
 def test_overrides_parse_yaml_values():

@@ -167,14 +167,16 @@ def test_trn2_torchneuron_renders_a_rank_per_neuroncore_and_the_neuron_compiler(
     (["backend.torchtitan.pipeline_schedule=Zigzag"], "pipeline_schedule='Zigzag'"),
     (["data.json_keys=[body]"], "data.json_keys"),
     # what torchtitan would train otherwise, silently: its model comes from the flavour (or the
-    # config function), its validator from a dataset no stage fetches
+    # config function)
     (["model.ffn_hidden_size=20000"], "feed-forward 28672"),
     (["model.rope_theta=10000"], "every torchtitan Llama 3 flavour has RoPE base 500000 with Llama 3.1's scaling"),
     (["model.rope_scaling=null"], "set model.rope_theta=500000 and model.rope_scaling"),
     (["backend.torchtitan.config=llama3_8b"], "config='llama3_8b' with float8=true: the config function decides"),
     ([BF16, "backend.torchtitan.config=llama3_8b"], "config='llama3_8b' trains a 8b model, not flavour=70B"),
-    (["training.eval_iters=10"], "torchtitan validates on a dataset of its own"),
-    (["data.split=90,10,0"], "set training.eval_iters=0 and data.split='100,0,0'"),
+    # validation reads the held-out share of data.split (test_evaluation_...); there is no test set
+    (["training.eval_iters=10"], "data.split='100,0,0' has no validation data .* torchtitan has no held-out files"),
+    (["data.split=90,9,1"], "torchtitan trains and validates, and has no test set; set the test weight to 0, "
+                            "e.g. data.split='90,10,0'"),
     (["tokenizer.append_eod=false"], "torchtitan's loader ends every document with the tokenizer's end-of-text"),
     # pipeline schedules, as torchtitan and torch.distributed.pipelining refuse them at the first step
     (["parallel.pp=2", "training.micro_batch_size=1"], "1F1B needs at least pp microbatches a step"),
@@ -188,6 +190,22 @@ def test_trn2_torchneuron_renders_a_rank_per_neuroncore_and_the_neuron_compiler(
 def test_what_torchtitan_would_refuse_fails_before_anything_is_queued(override, message):
     with pytest.raises(SpecError, match=message):
         load_spec("llama3-70b-gpu", override)
+
+
+def test_evaluation_renders_torchtitans_validator_on_the_held_out_files():
+    """training.eval_interval and eval_iters as torchtitan 0.3.0's validator reads them (freq and
+    steps of ``Validator.Config`` in torchtitan/components/validate.py), on the folder the train task
+    holds the split's validation files out into, read by the loader entry training reads with."""
+    config = parsed(load_spec("llama3-8b-gpu", ["data.split=95,5,0", "training.eval_interval=250",
+                                                "training.eval_iters=20"]))
+    v = config.validator
+    assert (v.enable, v.freq, v.steps) == (True, 250, 20)
+    assert (v.dataloader.dataset, v.dataloader.dataset_path) == ("c4_test", "/fsx/run/validation")
+    assert config.dataloader.dataset_path == "/fsx/c4"
+    # benchmark mode validates nothing (training.eval_batches); nor does a held-out share without
+    # eval_iters: its files are still held out
+    for overrides in (["training.eval_iters=20", "training.benchmark=true"], []):
+        assert not parsed(load_spec("llama3-8b-gpu", ["data.split=95,5,0", *overrides])).validator.enable
 
 
 def test_dry_run_shows_the_launch():

@@ -19,7 +19,8 @@ from render.nxdt import ModelConfigMismatch, check_model_config, torchrun_comman
 from render.nxdt_scripts import precompile_script, train_config, train_script
 from render.shell import shell_line
 from tasks.attempts import MetricsFollower
-from tasks.train_nxdt import compile_rows, newest_checkpoint
+from pretrain.checkpoints import nxdt_newest, nxdt_step
+from tasks.train_nxdt import compile_rows
 from test_formats import ASSETS
 
 CONVERTED = "/fsx/converted/checkpoint"
@@ -70,7 +71,7 @@ def nxd_checkpoint(root: Path, step: int, done: bool) -> Path:
 
 def test_a_resubmitted_job_resumes_from_the_newest_complete_checkpoint(spec, tmp_path):
     checkpoints = tmp_path / "exp" / "checkpoints"
-    assert newest_checkpoint(checkpoints) is None
+    assert nxdt_newest(checkpoints) is None and nxdt_step(checkpoints) == 0
     first = train_config(spec, "/fsx/data", CONVERTED, resume=None)
     # the first attempt starts from the converted weights, without their optimizer state
     assert first["exp_manager"]["resume_from_checkpoint"] == f"{CONVERTED}/"
@@ -79,7 +80,7 @@ def test_a_resubmitted_job_resumes_from_the_newest_complete_checkpoint(spec, tmp
     nxd_checkpoint(checkpoints, 10, done=True)
     step_20 = nxd_checkpoint(checkpoints, 20, done=True)
     nxd_checkpoint(checkpoints, 30, done=False)  # the job died while saving it
-    assert newest_checkpoint(checkpoints) == step_20
+    assert nxdt_newest(checkpoints) == step_20 and nxdt_step(checkpoints) == 20  # what the chain of jobs counts
     resumed = train_config(spec, "/fsx/data", CONVERTED, resume=step_20)
     assert resumed["exp_manager"]["resume_from_checkpoint"] == str(step_20)  # no slash: tag = the step's directory
     assert resumed["model"]["weight_init_only"] is False

@@ -30,7 +30,7 @@ from pretrain.corpus import corpus_texts
 from pretrain.metrics_records import events, logged_steps, metrics_records
 from pretrain.presets import load_spec
 from pretrain.toy_tokenizers import llama3_style
-from slurm_faults import PREEMPT_GRES, CpuGroup, Fault, preempt
+from slurm_faults import PREEMPT_GRES, CpuGroup, Fault, preempt, trainer_processes
 from tasks.fetch import fetch
 from tasks.tokenize import tokenize
 from tasks.train import train
@@ -85,25 +85,6 @@ def overrides_for(name: str, root: Path, corpus: Corpus, *extra: str, steps: int
 
 
 # ---------------------------------------------------------------- reading the run
-
-
-def trainer_processes(config: Path) -> dict[str, int]:
-    """The processes of ``trainer train --config <config>``: torchrun as "launcher", each rank as
-    "rank<RANK>" (torchrun sets RANK for its workers)."""
-    out = subprocess.run(["pgrep", "-f", f"trainer train --config {config}"], capture_output=True, text=True)
-    found = {}
-    for pid in map(int, out.stdout.split()):
-        try:
-            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-        except (FileNotFoundError, ProcessLookupError):
-            continue  # ended meanwhile
-        if b"torch.distributed.run" in argv:
-            found["launcher"] = pid
-            continue
-        env = dict(item.split(b"=", 1) for item in environ if b"=" in item)
-        found[f"rank{env[b'RANK'].decode()}"] = pid
-    return found
 
 
 def assert_nothing_left(job_name: str, config: Path) -> None:
@@ -232,7 +213,7 @@ def test_time_limit_stops_the_trainer_with_usr2_and_the_next_job_resumes(corpus,
         return minutes
 
     try:
-        result, fault, records = run_with_fault(name, tmp_path, corpus, limit_reached, "backend.native.stop_signal_delay_s=20",
+        result, fault, records = run_with_fault(name, tmp_path, corpus, limit_reached, "backend.native.save_before_limit_s=20",
                                                 steps=120)
     finally:
         throttled.close()
@@ -349,7 +330,7 @@ def test_a_diverged_run_fails_at_once_with_the_trainers_reason(corpus, tmp_path,
     clean_queue.append(f"{name}-train")
     overrides = overrides_for(name, tmp_path, corpus, "training.lr=1e6", "training.min_lr=0",
                               "training.warmup_steps=0", "backend.native.max_nan_steps_in_a_row=2",
-                              "backend.native.max_restarts=3")
+                              "backend.native.max_attempts_without_checkpoint=3")
     state = train_only(overrides, corpus.dataset, corpus.data_dir, return_state=True)
     assert state.is_failed()
     message = str(state.message)

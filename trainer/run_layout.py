@@ -9,7 +9,14 @@ A ValueError names the fields as the config that asks names them (``section``, e
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
+
+# The native trainer's checkpoint layout: ``<dir>/step-00000050/``, complete once its marker is
+# written (trainer/train/checkpoint.py writes it last). Here, so that the control plane reads which
+# checkpoints are complete without importing torch.
+MARKER = "COMPLETE"
+_STEP_DIR = re.compile(r"^step-(\d{8})$")
 
 
 def data_parallel_size(world_size: int, tp: int, pp: int = 1, cp: int = 1, *, world: str = "") -> int:
@@ -37,3 +44,19 @@ def checkpoint_dir(run_dir: str | Path) -> Path:
     Megatron-LM's ``--save``/``--load``, and under NxDT's ``explicit_log_dir``, where its
     exp_manager writes them by the same name."""
     return Path(run_dir) / "checkpoints"
+
+
+def step_dir(root: Path, step: int) -> Path:
+    return root / f"step-{step:08d}"
+
+
+def complete_steps(root: Path) -> list[int]:
+    """Steps with a complete checkpoint of the native trainer under ``root``, oldest first."""
+    if not root.is_dir():
+        return []
+    steps = []
+    for entry in root.iterdir():
+        match = _STEP_DIR.match(entry.name)
+        if match and (entry / MARKER).is_file():
+            steps.append(int(match.group(1)))
+    return sorted(steps)

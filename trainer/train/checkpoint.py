@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 import zlib
 from concurrent import futures
@@ -29,12 +28,11 @@ from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_di
 from torch.distributed.checkpoint.state_dict_saver import AsyncSaveResponse
 from torch.distributed.checkpoint.stateful import Stateful
 
+from trainer.run_layout import MARKER, complete_steps, step_dir
 from trainer.train.config import CheckpointConfig
 
-MARKER = "COMPLETE"
 # DCP reports a failed save or load on any rank as CheckpointException, a BaseException.
 _FAILED = (Exception, dcp.CheckpointException)
-_STEP_DIR = re.compile(r"^step-(\d{8})$")
 
 
 class CheckpointError(RuntimeError):
@@ -53,22 +51,6 @@ class ModelAndOptimizer(Stateful):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         set_state_dict(self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
-
-
-def step_dir(root: Path, step: int) -> Path:
-    return root / f"step-{step:08d}"
-
-
-def complete_steps(root: Path) -> list[int]:
-    """Steps with a complete checkpoint, oldest first."""
-    if not root.is_dir():
-        return []
-    steps = []
-    for entry in root.iterdir():
-        match = _STEP_DIR.match(entry.name)
-        if match and (entry / MARKER).is_file():
-            steps.append(int(match.group(1)))
-    return sorted(steps)
 
 
 def _crc32(path: Path) -> int:
