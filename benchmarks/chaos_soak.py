@@ -71,7 +71,7 @@ from deployments.stack import nodes as stack_nodes  # noqa: E402
 from deployments.stack.processes import alive  # noqa: E402
 from jobs.nodes import expand_nodes  # noqa: E402
 from pretrain.goodput import table  # noqa: E402
-from pretrain.metrics_records import metrics_records, step_records  # noqa: E402
+from pretrain.metrics_records import events, metrics_records, step_records  # noqa: E402
 from trainer.train.checkpoint import complete_steps, step_dir  # noqa: E402
 
 KINDS = ("rank", "slurmd", "scancel", "requeue", "worker", "server", "slurmctld", "s3", "disk")
@@ -117,8 +117,8 @@ class Soak:
         shutil.rmtree(self.root / "train", ignore_errors=True)  # an earlier soak's runs
         stack.up(self.dir, base_port=self.args.base_port, nodes=self.args.nodes)
         env = stack.environment(self.dir)
-        self.env = {**os.environ, **env, "PREFECT_HOME": str(self.dir / "prefect-home"), "PYTHONPATH": str(ROOT),
-                    "OMP_NUM_THREADS": "1"}  # one thread per rank: the jobs inherit it
+        # one thread per rank: the launch sets it from cluster.cpus_per_task=1 (render/native.py)
+        self.env = {**os.environ, **env, "PREFECT_HOME": str(self.dir / "prefect-home"), "PYTHONPATH": str(ROOT)}
         os.environ.update({k: self.env[k] for k in ("PREFECT_API_URL", "PREFECT_HOME", "SLURM_CONF")})
         cli(self.env, "work-pool", "create", POOL, "--type", "process", "--overwrite")
         cli(self.env, "--no-prompt", "deploy", "--prefect-file", "deployments/prefect.yaml", "--name", "tiny-local")
@@ -159,7 +159,9 @@ class Soak:
                 f"training.global_batch_size={2 * math.lcm(*range(1, a.nodes + 1))}",
                 f"training.train_steps={a.steps}", f"training.checkpoint_interval={a.checkpoint_interval}",
                 "training.eval_iters=0", f"training.seed={a.seed}", "backend.native.compile=false",
-                "backend.native.export_hf=false", "backend.native.max_attempts_without_checkpoint=30"]
+                "backend.native.export_hf=false", "backend.native.max_attempts_without_checkpoint=30",
+                # each flow run of the soak is a run of its own, not the next job of the previous one's
+                "training.continue_run=false"]
 
     def trigger(self, stages: list[str] | None = None) -> str:
         from prefect.deployments import run_deployment
@@ -240,18 +242,23 @@ class Observer(threading.Thread):
         with self.lock:
             self.current = run
 
-    def finish(self) -> tuple[list[dict], list[dict]]:
-        """What the run now ending left: every step record seen, and its final stream; its
-        checkpoints are deleted (the tmpfs is small)."""
+    def finish(self) -> tuple[list[dict], list[dict], list[dict]]:
+        """What the run now ending left: every step record seen, its final stream and the trainer's
+        resumes (the step and the data-parallel size of each); its checkpoints are deleted (the
+        tmpfs is small)."""
         self.poll()
         with self.lock:
             seen = sorted(self.seen.get(self.current, {}).values(), key=lambda r: r["time"])
             final: list[dict] = []
+            resumed: list[dict] = []
             for path in [p for p, run in self.paths.items() if run == self.current]:
-                final = [{k: r[k] for k in self.FIELDS} for r in step_records(metrics_records(path))]
+                records = metrics_records(path)
+                final = [{k: r[k] for k in self.FIELDS} for r in step_records(records)]
+                resumed = [{"from_step": r["from_step"], "data_parallel": r["data_parallel"]}
+                           for r in events(records, "resumed")]
                 shutil.rmtree(path.parent / "checkpoints", ignore_errors=True)
             self.current = None
-            return seen, final
+            return seen, final, resumed
 
 
 class Injector(threading.Thread):
@@ -451,11 +458,11 @@ def flow_run(soak: Soak, observer: Observer, run: int | str, timeout_s: float,
     run_id = soak.trigger()
     state, message = soak.wait(run_id, timeout_s)
     ended = time.time()
-    seen, final = observer.finish()
+    seen, final, resumed = observer.finish()
     why = f": {message.splitlines()[0]}" if message and state != "Completed" else ""
     log(f"run {run}: {state} in {(ended - started) / 60:.1f} min, {len(final)} steps{why}")
     return {"flow_run": run_id, "state": state, "message": message, "started": started, "ended": ended,
-            "seen": seen, "final": final}
+            "seen": seen, "final": final, "resumed": resumed, "data_parallel": soak.args.nodes}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -117,8 +117,8 @@ def prepare(args: argparse.Namespace) -> tuple[Path, list[str]]:
     shutil.rmtree(root / "train", ignore_errors=True)  # an earlier run's, which the faults would read
     root.mkdir(parents=True, exist_ok=True)
     stack.up(directory, COMPONENTS, base_port=args.base_port, nodes=args.nodes)
-    # the flow's Slurm commands, and one thread per rank: the jobs inherit it
-    os.environ.update({"SLURM_CONF": stack.environment(directory)["SLURM_CONF"], "OMP_NUM_THREADS": "1"})
+    # the flow's Slurm commands; one thread per rank comes from cluster.cpus_per_task=1 (render/native.py)
+    os.environ["SLURM_CONF"] = stack.environment(directory)["SLURM_CONF"]
     corpus, tokenizer = directory / "corpus.jsonl", directory / "tokenizer"
     if not corpus.exists():
         write_jsonl(corpus)

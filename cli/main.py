@@ -50,8 +50,11 @@ def _run(args: argparse.Namespace) -> int:
 def _plan(args: argparse.Namespace) -> int:
     from flows.plan import checkpoint_advice, plan, plan_table
 
-    print(plan_table(plan(args.loaded)))
-    print("\n" + "\n".join(checkpoint_advice(args.loaded)))
+    advice = checkpoint_advice(args.loaded)
+    try:
+        print(plan_table(plan(args.loaded)))
+    finally:  # the advice needs no stage's inputs: printed also when one cannot be read
+        print("\n" + "\n".join(advice))
     return 0
 
 

@@ -12,8 +12,9 @@
    first training run compiles: `pretrain plan` says why).
 5. image (Megatron-LM): build the training image on a node and import it to a squashfs for pyxis.
 6. train: torchrun on N nodes (the native trainer, NxDT's training orchestrator or Megatron-LM's
-   pretrain_gpt.py), resumed from its newest checkpoint after any failure; the loss curve and
-   the run summary are published as artifacts.
+   pretrain_gpt.py), a chain of jobs to the last step, each resuming from the newest checkpoint
+   (a new flow run of the same spec continues the run too); the chain, the loss curve and the run
+   summary are published as artifacts.
 """
 
 from __future__ import annotations

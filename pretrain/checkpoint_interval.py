@@ -74,7 +74,8 @@ def advice_lines(spec: PretrainSpec, inputs: FailureInputs, measured: bool) -> l
     source = ("measured by the run where it has (save stall, restart, step time, failures)" if measured else
               f"save stall estimated ({parameters(spec) / 1e9:.2f} B parameters x {BYTES_PER_PARAMETER} bytes at "
               f"{ASSUMED_WRITE_BYTES_PER_S / 1e9:g} GB/s per node), restart = cluster.startup_min + "
-              f"{ASSUMED_REQUEUE_S:.0f} s, step time training.step_time_s: the run measures its own")
+              f"{ASSUMED_REQUEUE_S:.0f} s, step time training.step_time_s, node MTBF the default unless the "
+              "cluster block sets node_mtbf_h: the run measures its own")
     interval = spec.training.checkpoint_interval
     if interval == "auto":
         steps = auto_interval_steps(inputs)

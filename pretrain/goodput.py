@@ -93,6 +93,24 @@ def stall_s(fault: dict[str, Any], faults: list[dict[str, Any]], runs: list[Run]
     return max(later - earlier for earlier, later in zip(moments, moments[1:]))
 
 
+def data_parallel_sizes(run: Run) -> list[int]:
+    """The data-parallel sizes the run trained with, in order: its first, then each resume's that
+    changed it (a run that lost a node may resume on fewer ranks). Recorded since the soak kept the
+    trainer's resume events; a record without them says only the first."""
+    sizes = [run.get("data_parallel", 0)]
+    for resume in run.get("resumed", []):
+        if resume["data_parallel"] != sizes[-1]:
+            sizes.append(resume["data_parallel"])
+    return sizes
+
+
+# A run that resumed on fewer ranks sums the same samples' gradients in another order (each rank
+# accumulates more micro-batches, the mean is over fewer ranks): its losses differ from the
+# uninterrupted run's by float rounding, within what the trainer's own shrink test allows
+# (tests/test_train_loop.py), never bit for bit.
+RESHARDED_LOSS_TOLERANCE = 1e-5
+
+
 def loss_difference(run: Run, baseline: Run) -> float | None:
     """The largest difference of a step's loss from the baseline's; None unless both streams hold
     the same steps."""
@@ -118,7 +136,11 @@ def table(record: dict[str, Any]) -> str:
     base = goodput([baseline], baseline["started"], baseline["ended"])
     counts = [step_counts(run, steps) for run in runs]
     completed = [run for run in runs if run["state"] == "Completed"]
-    equal = [run for run in completed if loss_difference(run, baseline) == 0.0]
+    whole = [run for run in completed if len(data_parallel_sizes(run)) == 1]
+    equal = [run for run in whole if loss_difference(run, baseline) == 0.0]
+    resharded = [run for run in completed if len(data_parallel_sizes(run)) > 1]
+    close = [run for run in resharded if (d := loss_difference(run, baseline)) is not None
+             and d <= RESHARDED_LOSS_TOLERANCE]
     lines = [
         "| | soak | uninterrupted run |",
         "|---|---|---|",
@@ -132,8 +154,10 @@ def table(record: dict[str, Any]) -> str:
         f"| steps lost / recomputed / duplicated | {sum(c.lost for c in counts)} / "
         f"{sum(c.recomputed for c in counts)} / {sum(c.duplicated for c in counts)} | "
         f"{'{0.lost} / {0.recomputed} / {0.duplicated}'.format(step_counts(baseline, steps))} |",
-        f"| Completed runs whose loss equals the uninterrupted run's at every step | "
-        f"{len(equal)} of {len(completed)} | |",
+        f"| Completed runs on all their ranks whose loss equals the uninterrupted run's at every step | "
+        f"{len(equal)} of {len(whole)} | |",
+        f"| Completed runs that resumed on fewer ranks, within {RESHARDED_LOSS_TOLERANCE:g} of its loss | "
+        f"{len(close)} of {len(resharded)} | |",
         "",
         "| fault | struck | next step after (s) | longest stall after it (s) | back past the step reached (s) "
         "| runs it ended |",
@@ -148,11 +172,12 @@ def table(record: dict[str, Any]) -> str:
         ended = sum(1 for f, s in back if s is None and runs[f["run"]]["state"] != "Completed")
         lines.append(f"| {kind} | {len(faults)} | {_seconds(recovered)} | {_seconds(stalled)} | {_seconds(regained)} "
                      f"| {ended} |")
-    lines += ["", "| run | state | faults | steps | recomputed | lost | duplicated | max loss difference |",
-              "|---|---|---|---|---|---|---|---|"]
+    lines += ["", "| run | state | faults | data parallel | steps | recomputed | lost | duplicated "
+              "| max loss difference |", "|---|---|---|---|---|---|---|---|---|"]
     for i, (run, count) in enumerate(zip(runs, counts)):
         struck = ", ".join(f["kind"] for f in record["faults"] if f["run"] == i) or "-"
         difference = loss_difference(run, baseline)
-        lines.append(f"| {i + 1} | {run['state']} | {struck} | {count.completed} | {count.recomputed} | {count.lost} | "
-                     f"{count.duplicated} | {'-' if difference is None else f'{difference:.3g}'} |")
+        sizes = " -> ".join(str(n) for n in data_parallel_sizes(run)) if run.get("data_parallel") else "-"
+        lines.append(f"| {i + 1} | {run['state']} | {struck} | {sizes} | {count.completed} | {count.recomputed} | "
+                     f"{count.lost} | {count.duplicated} | {'-' if difference is None else f'{difference:.3g}'} |")
     return "\n".join(lines)

@@ -71,9 +71,14 @@ def train_config(spec: PretrainSpec, *, dataset: str, run_dir: str, eod_id: int,
 def environment(spec: PretrainSpec) -> dict[str, str]:
     """Every rank compiles into, and reads from, the shared compile cache. torchrun gives its
     ranks 30 s after forwarding a stop signal before it kills them; they get the whole time Slurm
-    was asked to signal ahead of the limit, or the checkpoint that signal asks for is cut off."""
+    was asked to signal ahead of the limit, or the checkpoint that signal asks for is cut off.
+    Each rank's intra-op threads are its share of the task's CPUs (one without
+    ``cluster.cpus_per_task``), set here rather than inherited from the submitting shell: the same
+    spec runs with the same threads in every job of its chain."""
     cache = compile_cache_dir(spec)
-    return {"TORCHINDUCTOR_CACHE_DIR": f"{cache}/inductor", "NEURON_COMPILE_CACHE_URL": f"{cache}/neuron",
+    c = spec.cluster
+    return {"OMP_NUM_THREADS": str(max(c.cpus_per_task // c.devices_per_node, 1) if c.cpus_per_task else 1),
+            "TORCHINDUCTOR_CACHE_DIR": f"{cache}/inductor", "NEURON_COMPILE_CACHE_URL": f"{cache}/neuron",
             "TORCHINDUCTOR_FX_GRAPH_CACHE": "1", "TORCHINDUCTOR_AUTOGRAD_CACHE": "1",
             # read by torchrun's launcher on every version that has the timeout, ignored before
             "TORCH_ELASTIC_SHUTDOWN_TIMEOUT": str(max(30, spec.backend.native.save_before_limit_s))}

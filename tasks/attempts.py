@@ -10,17 +10,15 @@ time limit, a preemption, a requeue, a crash): the next job goes out at once. Th
 ``backend.<kind>.max_attempts_without_checkpoint``, counts the jobs in a row that did not. Each job
 is recorded in the run's chain (pretrain/run_chain.py), published as the ``<spec>-chain`` artifact.
 
-The run directory is keyed by what the run trains (:func:`run_dir`), not by the flow run: a retry,
-a resubmission and a new flow run of the same spec all continue the run from its newest complete
-checkpoint, unless ``training.continue_run`` is false. One flow run at a time drives a run
-(:func:`claim_run`).
+The run directory is keyed by what the run trains, not by the flow run (:mod:`tasks.runs`): a
+retry, the next job and a new flow run of the same spec all continue the run from its newest
+complete checkpoint, one flow run at a time (:class:`tasks.runs.RunClaim`).
 """
 
 from __future__ import annotations
 
 import json
 import os
-import threading
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -29,14 +27,15 @@ from typing import Any, Callable
 from prefect.runtime import flow_run
 
 from tasks.executor import (NODE_STATES, Cluster, excluded_after, failure_nodes, job_folder, job_nodes, job_running,
-                           on_nodes, run_job, shrinks_by_resubmission, still_queued, usable_nodes, wait_gone)
+                           node_mtbf_h, on_nodes, run_job, shrinks_by_resubmission, usable_nodes, wait_gone)
 from jobs.slurm import JobRequest, SlurmJobFailed, _logger
-from pretrain import checkpoint_interval, manifest, run_chain
+from pretrain import checkpoint_interval, run_chain
 from pretrain.checkpoint_advice import FailureInputs
 from pretrain.device_samples import DeviceSamples
 from pretrain.log_parsers import MetricsStream, parse_log, rank_error
 from pretrain.loss_curve import metrics_summary
 from pretrain.spec import PretrainSpec
+from tasks.runs import RunClaim
 from tasks.train_artifacts import publish_chain, publish_devices, publish_loss_curve, publish_progress
 
 LOSS_CURVE_EVERY_S = 30.0
@@ -53,96 +52,6 @@ class TrainingFailed(RuntimeError):
 
 class RunHung(RuntimeError):
     pass
-
-
-# Settings that change how a run is driven, not what it trains: changed between two flow runs of
-# a spec, the second still continues the first's run (a longer time limit, a larger budget, a
-# checkpoint interval the chain re-derived, another site's block).
-_DRIVING = {"description": (), "cluster": ("block", "executor", "min_nodes", "cpus_per_task", "mem_gb", "time_limit_min",
-                                            "startup_min"),
-            "training": ("checkpoint_interval", "step_time_s", "monitor_interval_s", "continue_run")}
-_DRIVING_BACKEND = ("max_attempts_without_checkpoint", "hang_timeout_min", "save_before_limit_s", "checkpoint_keep",
-                    "async_checkpoint")
-
-
-def run_key_inputs(spec: PretrainSpec, dataset: str) -> dict[str, Any]:
-    """What a run's directory is keyed by: the spec without the settings that only drive it, the
-    dataset, and the flow run when ``training.continue_run`` is false or the run is a benchmark
-    (each flow run trains afresh: a benchmark resumed at its last step would measure nothing)."""
-    settings = spec.model_dump(mode="json")
-    for section, fields in _DRIVING.items():
-        if not fields:
-            settings.pop(section, None)
-        for name in fields:
-            settings[section].pop(name, None)
-    for backend in settings["backend"].values():
-        for name in _DRIVING_BACKEND if isinstance(backend, dict) else ():
-            backend.pop(name, None)
-    inputs = {"spec": settings, "dataset": dataset}
-    if not spec.training.continue_run or spec.training.benchmark:
-        inputs["flow_run"] = flow_run.get_id() or "no-flow-run"
-    return inputs
-
-
-def run_dir(spec: PretrainSpec, dataset: str) -> Path:
-    return manifest.output_dir(spec.paths.root, "train", manifest.stable_hash(run_key_inputs(spec, dataset)))
-
-
-class RunClaim:
-    """One flow run at a time drives a run: it holds ``<run>/owner.json`` (its flow run's id,
-    renewed every ``renew_s`` by a thread while it drives the run) and removes it at the end. A
-    second flow run of the same run waits while another flow run's claim is fresh, then while the
-    chain's newest job is still queued (its flow process died: the job's lease stops it), and only
-    then submits: two jobs of one run never train side by side into the same checkpoints."""
-
-    OWNER = "owner.json"
-
-    def __init__(self, run: Path, cluster: Cluster, renew_s: float = 10.0, stale_s: float = 60.0,
-                 poll_s: float = 10.0):
-        self.path, self.cluster = run / self.OWNER, cluster
-        self.renew_s, self.stale_s, self.poll_s = renew_s, stale_s, poll_s
-        self.me = str(flow_run.get_id() or f"pid-{os.getpid()}")
-        self.stop = threading.Event()
-
-    def other_owner(self) -> str | None:
-        """Another flow run that renewed its claim within ``stale_s``, if any."""
-        try:
-            owner = json.loads(self.path.read_text())["flow_run"]
-            age = time.time() - self.path.stat().st_mtime
-        except (FileNotFoundError, ValueError, KeyError):
-            return None
-        return owner if owner != self.me and age < self.stale_s else None
-
-    def __enter__(self) -> RunClaim:
-        logger = _logger()
-        said = None
-        while (owner := self.other_owner()) is not None:
-            if owner != said:
-                logger.warning("flow run %s is training this run (%s); waiting until it is done", owner,
-                               self.path.parent)
-                said = owner
-            time.sleep(self.poll_s)
-        chain = run_chain.read(self.path.parent / run_chain.CHAIN_FILE)
-        job = chain[-1]["job"] if chain else None
-        if job and still_queued(self.cluster, job):
-            logger.warning("job %s of this run, submitted by flow run %s, is still queued; waiting for it to end "
-                           "before the next job", job, chain[-1]["flow_run"])
-            while still_queued(self.cluster, job):
-                time.sleep(self.poll_s)
-        self.path.write_text(json.dumps({"flow_run": self.me}))
-        threading.Thread(target=self._renew, name="run-claim", daemon=True).start()
-        return self
-
-    def _renew(self) -> None:
-        while not self.stop.wait(self.renew_s):
-            try:
-                os.utime(self.path)
-            except FileNotFoundError:
-                return
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop.set()
-        self.path.unlink(missing_ok=True)
 
 
 class MetricsFollower:
@@ -299,7 +208,7 @@ def advice_inputs(spec: PretrainSpec, cluster: Cluster, follower: MetricsFollowe
     if interval is None and spec.training.checkpoint_interval != "auto":
         interval = spec.training.checkpoint_interval  # what an earlier flow run's jobs of this run ran with
     stall = checkpoint_interval.measured_stall_s(follower.stream.as_list(), interval) if interval else None
-    return checkpoint_interval.failure_inputs(spec, getattr(cluster, "node_mtbf_h", None), chain,
+    return checkpoint_interval.failure_inputs(spec, node_mtbf_h(cluster), chain,
                                               follower.summary().get("step_time_ms"), stall)
 
 
@@ -327,6 +236,65 @@ def run_attempts(spec: PretrainSpec, cluster: Cluster, follower: MetricsFollower
         return _chain_of_jobs(spec, cluster, follower, budget, prepare, run, checkpoint_step, finished, explain)
 
 
+@dataclass
+class JobEnd:
+    """How one job of the chain ended: the job layer's outcome, the job (None if it was never
+    submitted), the nodes its failure named, and when the run first got past the highest step
+    reached before it."""
+
+    outcome: str = COMPLETED
+    job: Any = None
+    failed_on: list[str] = field(default_factory=list)
+    caught_up_at: float | None = None
+
+
+def _follow_job(spec: PretrainSpec, cluster: Cluster, request: JobRequest, follower: MetricsFollower,
+                attempts: Attempts, reached_before: int) -> JobEnd:
+    """Submit one job of the chain and follow it to its end, leaving out the nodes a node failure
+    (or the devices' errors) left suspect; a failure no resubmission can fix sets the reason."""
+    logger = _logger()
+    end = JobEnd()
+    submitted: list[Any] = []
+
+    def on_poll() -> None:
+        follower.poll(started=job_running(submitted[0]))
+        if end.caught_up_at is None and max(follower.stream.points, default=0) > reached_before:
+            end.caught_up_at = time.time()
+
+    try:
+        # Time spent waiting in the queue, first or again after a requeue, is no hang.
+        run_job(request, cluster, job_folder(spec, cluster), on_submit=submitted.append, on_poll=on_poll)
+    except SlurmJobFailed as failure:
+        # The nodes a failure names, as the job ended, for a job whose newest accounting record has
+        # none: one that Slurm requeued after a node failure and the job layer cancelled.
+        end.failed_on = failure_nodes(failure, cluster)
+        follower.read_devices()
+        faulty = {node: errors for node, errors in follower.devices.faulty_nodes().items()
+                  if node not in attempts.excluded}
+        if failure.state in NODE_STATES or faulty:
+            bad = excluded_after(failure, cluster, faulty)
+            logger.warning("job %s failed on nodes %s; left out of the next attempt: %s", failure.job_id,
+                           failure.nodes, ", ".join(sorted(bad)) or "none (all of them are healthy now)")
+            attempts.excluded |= bad
+        end.outcome = f"{failure.state}: {str(failure).splitlines()[0]}"
+        if faulty:
+            end.outcome += " -- device errors on " + "; ".join(f"{node} ({errors})" for node, errors in faulty.items())
+        if not failure.retryable:  # a resubmission would meet the same: a missing tool, a job Slurm never starts
+            attempts.reason = f"not resubmitted: {str(failure).splitlines()[0]}"
+    except RunHung as hung:
+        end.outcome = f"hung: {hung}"  # run_job has cancelled the job
+    end.job = submitted[0] if submitted else None
+    if end.outcome != COMPLETED and end.job is not None:
+        # Slurm and Kubernetes record a cancelled, preempted or timed-out job as ended while
+        # its ranks still save a checkpoint into the run directory on the way out (SIGTERM):
+        # the next attempt must not start beside them, nor be judged by a record they have
+        # not yet written.
+        lead = spec.restarts.save_before_limit_s + 60
+        if not wait_gone(end.job, timeout_s=lead):
+            logger.warning("job %s is still listed %d s after it ended; resubmitting anyway", end.job.job_id, lead)
+    return end
+
+
 def _chain_of_jobs(spec: PretrainSpec, cluster: Cluster, follower: MetricsFollower, budget: int,
                    prepare: Callable[[int, PretrainSpec], JobRequest], run: Path, checkpoint_step: Callable[[], int],
                    finished: Callable[[str], bool], explain: Callable[[str], str]) -> Attempts:
@@ -349,62 +317,20 @@ def _chain_of_jobs(spec: PretrainSpec, cluster: Cluster, follower: MetricsFollow
             if cluster.nodelist:  # the nodes precompile warmed, as many as are left
                 cluster = on_nodes(cluster, [h for h in cluster.nodelist if h in left])
         follower.restart()
-        started, submitted_at = time.monotonic(), time.time()
-        checkpoint_before = checkpoint_step()
-        reached_before = max([*follower.stream.points, *(r["step"] for r in chain)], default=0)
-        caught_up: list[float] = []
-        submitted: list[Any] = []
-        # The nodes a failure names, as the job ended, for a job whose newest accounting record has
-        # none: one that Slurm requeued after a node failure and the job layer cancelled.
-        failed_on: list[str] = []
-
-        def on_poll() -> None:
-            follower.poll(started=job_running(submitted[0]))
-            if not caught_up and max(follower.stream.points, default=0) > reached_before:
-                caught_up.append(time.time())
-
-        try:
-            # Time spent waiting in the queue, first or again after a requeue, is no hang.
-            run_job(request, cluster, job_folder(spec, cluster), on_submit=submitted.append, on_poll=on_poll)
-            outcome = COMPLETED
-        except SlurmJobFailed as failure:
-            failed_on = failure_nodes(failure, cluster)
-            follower.read_devices()
-            faulty = {node: errors for node, errors in follower.devices.faulty_nodes().items()
-                      if node not in attempts.excluded}
-            if failure.state in NODE_STATES or faulty:
-                bad = excluded_after(failure, cluster, faulty)
-                logger.warning("job %s failed on nodes %s; left out of the next attempt: %s", failure.job_id,
-                               failure.nodes, ", ".join(sorted(bad)) or "none (all of them are healthy now)")
-                attempts.excluded |= bad
-            outcome = f"{failure.state}: {str(failure).splitlines()[0]}"
-            if faulty:
-                outcome += " -- device errors on " + "; ".join(f"{node} ({errors})" for node, errors in faulty.items())
-            if not failure.retryable:  # a resubmission would meet the same: a missing tool, a job Slurm never starts
-                attempts.reason = f"not resubmitted: {str(failure).splitlines()[0]}"
-        except RunHung as hung:
-            outcome = f"hung: {hung}"  # run_job has cancelled the job
-        if outcome != COMPLETED and submitted:
-            # Slurm and Kubernetes record a cancelled, preempted or timed-out job as ended while
-            # its ranks still save a checkpoint into the run directory on the way out (SIGTERM):
-            # the next attempt must not start beside them, nor be judged by a record they have
-            # not yet written.
-            lead = spec.restarts.save_before_limit_s + 60
-            if not wait_gone(submitted[0], timeout_s=lead):
-                logger.warning("job %s is still listed %d s after it ended; resubmitting anyway",
-                               submitted[0].job_id, lead)
+        started, submitted_at, checkpoint_before = time.monotonic(), time.time(), checkpoint_step()
+        end = _follow_job(spec, cluster, request, follower, attempts,
+                          reached_before=max([*follower.stream.points, *(r["step"] for r in chain)], default=0))
         follower.read()
-        described = explain(outcome)  # reads what the trainer left: once per attempt
+        described = explain(end.outcome)  # reads what the trainer left: once per attempt
         step = max(follower.stream.points, default=0)
-        nodes = (job_nodes(submitted[0]) if submitted else []) or failed_on
-        attempts.history.append({"attempt": attempt + 1, "job": submitted[0].job_id if submitted else None,
-                                 "nodes": ",".join(nodes), "outcome": described,
-                                 "seconds": round(time.monotonic() - started, 1), "step": step})
-        done = attempts.finished = finished(outcome)
-        chain.append({"flow_run": str(flow_run.get_id() or ""), "job": attempts.history[-1]["job"],
-                      "nodes": ",".join(nodes), "node_count": len(nodes) or request.nodes,
-                      "submitted": submitted_at, "caught_up_at": caught_up[0] if caught_up else None,
-                      "ended": time.time(), "checkpoint_before": checkpoint_before,
+        nodes = (job_nodes(end.job) if end.job else []) or end.failed_on
+        job_id = end.job.job_id if end.job else None
+        attempts.history.append({"attempt": attempt + 1, "job": job_id, "nodes": ",".join(nodes),
+                                 "outcome": described, "seconds": round(time.monotonic() - started, 1), "step": step})
+        done = attempts.finished = finished(end.outcome)
+        chain.append({"flow_run": str(flow_run.get_id() or ""), "job": job_id, "nodes": ",".join(nodes),
+                      "node_count": len(nodes) or request.nodes, "submitted": submitted_at,
+                      "caught_up_at": end.caught_up_at, "ended": time.time(), "checkpoint_before": checkpoint_before,
                       "checkpoint_after": checkpoint_step(), "step": step, "outcome": described, "completed": done})
         run_chain.append(chain_path, chain[-1])
         inputs = advice_inputs(spec, cluster, follower, chain, launched)

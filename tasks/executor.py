@@ -101,6 +101,11 @@ def job_running(job: Job) -> bool:
     return job.running if isinstance(job, SubmittedJob) else slurm.job_running(job)
 
 
+def node_mtbf_h(cluster: Cluster) -> float | None:
+    """The site's per-node MTBF its cluster block gives, if any."""
+    return (cluster.cluster if isinstance(cluster, KubernetesTarget) else cluster).node_mtbf_h
+
+
 def still_queued(cluster: Cluster, job_id: str) -> bool:
     """Whether Slurm still lists a job known by its id alone (one an earlier flow run submitted).
     Local-executor and Kubernetes jobs are followed by the flow run that made them only: False."""

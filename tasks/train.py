@@ -24,7 +24,8 @@ from render.job_end import signal_delay_s
 from render.dataset_files import eod_id
 from render.monitor import monitor_command
 from tasks.artifacts import native_compile_rows, retryable
-from tasks.attempts import MetricsFollower, finish_run, run_attempts, run_dir
+from tasks.attempts import MetricsFollower, finish_run, run_attempts
+from tasks.runs import run_dir
 from trainer.run_layout import checkpoint_dir
 
 

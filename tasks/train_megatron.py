@@ -24,7 +24,8 @@ from pretrain.checkpoints import megatron_step
 from pretrain.spec import MegatronLMSpec, PretrainSpec
 from render.megatron_lm import in_container, node_command
 from tasks.artifacts import retryable
-from tasks.attempts import AppendedLog, MetricsFollower, finish_run, run_attempts, run_dir
+from tasks.attempts import AppendedLog, MetricsFollower, finish_run, run_attempts
+from tasks.runs import run_dir
 from trainer.run_layout import checkpoint_dir
 
 

@@ -31,7 +31,8 @@ from pretrain.spec import PretrainSpec
 from render.nxdt import config_yaml
 from render.nxdt_scripts import CONFIG_NAME, TRAIN_LOG, log_dir, node_command, node_name, train_config, train_script
 from tasks.artifacts import retryable
-from tasks.attempts import MetricsFollower, finish_run, run_attempts, run_dir
+from tasks.attempts import MetricsFollower, finish_run, run_attempts
+from tasks.runs import run_dir
 from trainer.run_layout import checkpoint_dir
 
 def compile_rows(run: Path, nodes: int) -> list[dict]:

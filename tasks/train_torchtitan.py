@@ -29,7 +29,8 @@ from pretrain.checkpoints import torchtitan_step
 from pretrain.spec import DataSpec, PretrainSpec
 from render.torchtitan import loader_dir, metrics_rank, node_command, validation_dir
 from tasks.artifacts import retryable
-from tasks.attempts import AppendedLog, MetricsFollower, finish_run, run_attempts, run_dir
+from tasks.attempts import AppendedLog, MetricsFollower, finish_run, run_attempts
+from tasks.runs import run_dir
 from tasks.executor import cluster_for
 from trainer.run_layout import checkpoint_dir
 

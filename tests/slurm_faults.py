@@ -45,18 +45,26 @@ class CpuGroup:
         if shares is not None:
             (self.path / "cpu.shares").write_text(str(shares))
 
+    def set_quota(self, quota_pct: float) -> None:
+        period = int((self.path / "cpu.cfs_period_us").read_text())
+        (self.path / "cpu.cfs_quota_us").write_text(str(int(period * quota_pct / 100)))
+
     def add(self, pids: Iterable[int]) -> None:
         for pid in pids:
             with contextlib.suppress(ProcessLookupError):  # ended meanwhile
                 (self.path / "cgroup.procs").write_text(str(pid))
 
-    def close(self) -> None:
-        """Hands what still runs in the group back to the root group, and removes it."""
-        if not self.path.exists():
-            return
+    def release(self) -> None:
+        """Hands what runs in the group back to the root group."""
         for pid in (self.path / "cgroup.procs").read_text().split():
             with contextlib.suppress(ProcessLookupError):
                 (self.ROOT / "cgroup.procs").write_text(pid)
+
+    def close(self) -> None:
+        """Releases what still runs in the group, and removes it."""
+        if not self.path.exists():
+            return
+        self.release()
         self.path.rmdir()
 
 

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from pretrain.goodput import (
-    StepCounts, goodput, loss_difference, recovery_s, regained_s, stall_s, step_counts, table, useful_seconds,
+    StepCounts, data_parallel_sizes, goodput, loss_difference, recovery_s, regained_s, stall_s, step_counts, table,
+    useful_seconds,
 )
 
 pytestmark = pytest.mark.pure
@@ -97,3 +98,27 @@ def test_the_table_has_a_row_per_fault_kind_and_per_run():
     for i, run in enumerate(RECORD["runs"], 1):
         assert f"\n| {i} | {run['state']} | " in text
     assert "**goodput**" in text
+
+
+def test_a_run_that_resumed_on_fewer_ranks_is_held_to_float_rounding_not_to_bit_equality():
+    """A slurmd killed long enough for Slurm to mark its node down ends the job NODE_FAIL; a run
+    that may shrink resumes on the ranks left, summing the same samples in another order: its
+    losses move by float rounding (1.9e-6 in a 14-minute soak), which the table says apart from a
+    run on all its ranks, where any difference is a bug."""
+    record = copy.deepcopy(RECORD)
+    whole = next(run for run in record["runs"] if run["state"] == "Completed")
+    shrunk = copy.deepcopy(whole)
+    record["runs"], record["faults"] = [whole, shrunk], []
+    for run in record["runs"]:
+        run["data_parallel"] = 3
+    shrunk["resumed"] = [{"from_step": STEPS // 2, "data_parallel": 2}]
+    for r in shrunk["final"][STEPS // 2:]:
+        r["loss"] += 1.9e-6
+    assert data_parallel_sizes(shrunk) == [3, 2] and data_parallel_sizes(whole) == [3]
+    text = table(record)
+    assert "| Completed runs on all their ranks whose loss equals the uninterrupted run's at every step | 1 of 1 |" in text
+    assert "| Completed runs that resumed on fewer ranks, within 1e-05 of its loss | 1 of 1 |" in text
+    assert "| 3 -> 2 | " in text
+    # the same difference on a run that kept its ranks is not excused
+    whole["final"][1]["loss"] += 1.9e-6
+    assert "at every step | 0 of 1 |" in table(record)

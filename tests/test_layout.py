@@ -34,7 +34,7 @@ ALLOWED = {
 }
 NO_PREFECT = {"render", "pretrain", "trainer"}
 # Modules of tasks/ that every stage shares; the others are stages and import none of each other.
-SHARED_TASK_MODULES = {"tasks.artifacts", "tasks.attempts", "tasks.executor", "tasks.train_artifacts"}
+SHARED_TASK_MODULES = {"tasks.artifacts", "tasks.attempts", "tasks.executor", "tasks.runs", "tasks.train_artifacts"}
 
 
 def _runtime_imports(tree: ast.Module) -> list[tuple[int, str]]:

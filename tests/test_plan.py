@@ -139,11 +139,16 @@ def test_a_plan_without_the_hub_tokens_secret_block_says_so_in_one_line(tmp_path
     It prints the one line that names the field, the API it asked and the fix, and exits 2, as a
     bad spec does."""
     assert main(["plan", "llama3-70b", f"--set=paths.root={tmp_path}"]) == 2
-    err = capsys.readouterr().err
+    out, err = capsys.readouterr()
     assert err.startswith("error: hub.token_block='huggingface-token': no Secret block of that name in the "
                           "Prefect API at http"), err
     assert "Secret(value=<a Hugging Face token>).save('huggingface-token')" in err
     assert err.count("\n") == 1 and "Traceback" not in err
+    # the checkpoint advice needs nothing from the Hub: printed, with its inputs (docs/checkpoints.md)
+    assert ("checkpoint interval: 16 nodes at a node MTBF of 6,335 h (the run's: 16.5 days), save stall 62 s, "
+            "restart 21 min, 320 s a step") in out
+    assert "  spec: every 10 steps (53 min), expected goodput 97.9 %" in out
+    assert "set training.checkpoint_interval=41" in out
 
 
 def test_plan_of_tiny_local_with_no_api_set_reads_its_block_without_an_error_line(local_stack, tmp_path):

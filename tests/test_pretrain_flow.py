@@ -95,7 +95,7 @@ def test_tiny_local_runs_every_stage_on_the_demo_corpus(s3_endpoint, demo_tokeni
     assert [stage for stage, *_ in jobs] == ["tokenize-0-of-2", "tokenize-1-of-2", "tokenize-merge", "train"], summary
     assert jobs[-1][1] == trained["attempts"][0]["job"] and jobs[-1][-1] == "completed", jobs
 
-    # the data stages again, reused (training is never reused: a new flow run trains afresh)
+    # the data stages again, reused
     again = pretrain(preset="tiny-local", overrides=overrides, stages=["fetch", "tokenize"], return_state=True)
     assert {k: again.result()[k] for k in ("fetch", "tokenize")} == {k: state.result()[k] for k in ("fetch", "tokenize")}
     assert "nothing submitted" in read_artifacts(again)["tiny-local-tokenize"].description

@@ -211,6 +211,16 @@ def test_torchrun_waits_the_whole_stop_signal_lead_before_killing_the_ranks(monk
     assert config_from_args(args)[0].shutdown_timeout == 300
 
 
+def test_each_rank_gets_its_share_of_the_tasks_cpus_as_threads_whatever_the_shell_exported(monkeypatch):
+    from pretrain.presets import load_spec
+    from render import native
+
+    monkeypatch.setenv("OMP_NUM_THREADS", "7")  # the worker's shell: no job inherits it
+    assert native.environment(load_spec("tiny-local"))["OMP_NUM_THREADS"] == "1"  # 2 CPUs, 2 ranks
+    assert native.environment(load_spec("tiny-local", ["cluster.devices_per_node=1"]))["OMP_NUM_THREADS"] == "2"
+    assert native.environment(load_spec("tiny-local", ["cluster.cpus_per_task=null"]))["OMP_NUM_THREADS"] == "1"
+
+
 def test_the_warm_up_config_compiles_evaluation_and_writes_no_checkpoint(tmp_path):
     """precompile's short run: evaluation once (its graphs get compiled too), no checkpoint and no
     export (nothing resumes from it), a config the node program accepts."""

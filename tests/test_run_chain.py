@@ -17,7 +17,7 @@ from pretrain.presets import SpecError, load_spec
 from render.job_end import megatron_exit_duration_min, nxdt_max_time, signal_delay_s
 from render.megatron_lm import pretrain_gpt_args
 from render.nxdt import nxdt_config
-from tasks.attempts import run_key_inputs
+from tasks.runs import run_key_inputs
 from tasks.dry_run import render_files
 from trainer.run_layout import MARKER, step_dir
 
