@@ -116,7 +116,10 @@ def main(inputs_only: bool = False, overrides: list[str] | None = None) -> int:
 
     from flows.pretrain import pretrain
 
-    state = pretrain(preset="tiny-local", overrides=overrides, return_state=True)
+    # Each demo trains afresh: a second `make demo` shows training again, not the finished run it
+    # would otherwise continue (training.continue_run), unless the overrides say otherwise.
+    state = pretrain(preset="tiny-local", overrides=["training.continue_run=false", *(overrides or [])],
+                     return_state=True)
     show_artifacts(state.state_details.flow_run_id)
     print(f"\npretrain flow: {state.name}; outputs: {state.result(raise_on_failure=False)}")
     return 0 if state.is_completed() else 1

@@ -62,7 +62,9 @@ def flow_pod_job(cluster: KubernetesCluster, block_name: str) -> dict[str, Any]:
     from prefect.utilities.templating import resolve_block_document_references
     from prefect_kubernetes.worker import KubernetesWorkerJobConfiguration
 
-    (deployment,) = yaml.safe_load((DEPLOYMENTS / "prefect-kubernetes.yaml").read_text())["deployments"]
+    # the pretrain deployment; the nightly benchmark's beside it runs in a pod of the same template
+    (deployment,) = [d for d in yaml.safe_load((DEPLOYMENTS / "prefect-kubernetes.yaml").read_text())["deployments"]
+                     if d["entrypoint"] == "flows.pretrain:pretrain"]
     document = cluster._to_block_document(name=block_name, block_schema_id=uuid.uuid4(), block_type_id=uuid.uuid4())
     route = f"/api/block_types/slug/{cluster.get_block_type_slug()}/block_documents/name/{block_name}"
 
