@@ -443,7 +443,7 @@ def test_preflight_publishes_its_table_and_skips_the_probe_while_its_pass_is_rec
     SlurmCluster(executor="slurm", setup=[f"export PATH={tools}:$PATH"]).save("preflight-nodes", overwrite=True)
     spec = load_spec("megatron-gpt-6.7b", [f"paths.root={tmp_path}", "cluster.block=preflight-nodes",
                                            "cluster.nodes=2", "cluster.time_limit_min=5", "cluster.startup_min=1",
-                                           "backend.neuron.save_before_limit_s=60",
+                                           "backend.neuron.save_before_limit_s=60", "cluster.cpus_per_task=1",
                                            f"backend.neuron.examples_dir={examples}"])
 
     @flow

@@ -56,7 +56,9 @@ def plan_in(checkout: Path, *overrides: str) -> str:
 
 
 def actions(plan: str) -> dict[str, str]:
-    return {line.split()[0]: line.split()[1] for line in plan.splitlines() if line and not line.startswith(" ")}
+    """Each stage's action, from the table (the checkpoint advice after it, past a blank line, is no stage)."""
+    table = plan.split("\n\n")[0]
+    return {line.split()[0]: line.split()[1] for line in table.splitlines() if line and not line.startswith(" ")}
 
 
 def test_a_commit_that_changes_no_writer_reuses_every_finished_stage(local_stack, tmp_path):

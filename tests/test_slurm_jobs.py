@@ -21,7 +21,7 @@ from jobs.node import Command
 from jobs.nodes import expand_nodes
 from slurm_faults import PREEMPT_GRES, preempt
 from jobs.slurm import (
-    JobRequest, SlurmJobFailed, job_outcome, jobs_of_this_flow_run, parse_sacct, run_array, run_job,
+    JobRequest, SlurmJobFailed, job_outcome, jobs_of_this_flow_run, parse_sacct, queue_state, run_array, run_job,
     slurm_parameters, submit, wait,
 )
 
@@ -325,6 +325,10 @@ def test_killed_flow_process_leaves_no_job_behind(local_stack, shared_dir, execu
     while not ids.exists() and time.monotonic() < deadline:
         time.sleep(0.2)
     job_id = ids.read_text()
+    if executor == "slurm":  # the lease is watched from the job's start; it may wait behind an exclusive job
+        deadline = time.monotonic() + 180
+        while queue_state(job_id) != "RUNNING" and time.monotonic() < deadline:
+            time.sleep(0.5)
     time.sleep(10)  # longer than the lease: a followed job is left alone
     if executor == "slurm":
         assert job_id in squeue_ids()

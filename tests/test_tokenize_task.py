@@ -143,7 +143,10 @@ def test_nxdt_llama_specs_get_nxd_arrow_blocks_of_their_sequence_length(local_st
     data = fetched_corpus(tmp_path, [json.dumps({"text": t}) + "\n" for t in texts])
     tokenizer = llama3_style(tmp_path / "tok", corpus_texts())
     spec = load_spec("llama3-70b", [f"paths.root={tmp_path}", f"tokenizer.path={tokenizer}", "model.seq_length=64",
-                                    "cluster.executor=slurm", "cluster.time_limit_min=10"])
+                                    "cluster.executor=slurm", "cluster.time_limit_min=10",
+                                    # the 70B run's own start-up, save and step time fit no 10-minute job
+                                    "cluster.startup_min=1", "backend.neuron.save_before_limit_s=60",
+                                    "training.step_time_s=null"])
     out = tokenize_once(spec, str(data))
     assert out.endswith("/data_text") and Path(out).parent.parent == tmp_path / "tokenize"
     blocks = datasets.load_from_disk(out)

@@ -87,8 +87,10 @@ def test_a_torchtitan_run_that_died_of_an_nccl_timeout_resumes_and_reports_both_
         runbook_cluster().model_copy(update={"image": "torchtitan:0.3.0", "namespace": "training",
                                              "mount_path": str(tmp_path), "api_server": server.url}
                                      ).save("torchtitan-attempts", overwrite=True)
+        # the run's last step is the second attempt's last line: the job that ends well there ends the run
         spec = load_spec("llama3-8b-gpu", ["cluster.block=kubernetes-cluster/torchtitan-attempts",
-                                           f"paths.root={tmp_path}/pretrain", "name=titan-attempts"])
+                                           f"paths.root={tmp_path}/pretrain", "name=titan-attempts",
+                                           "training.train_steps=700"])
         result = train_torchtitan.fn(spec, str(tmp_path / "data"))
 
     assert len(server.created()) == 2 and teed[0] == teed[1]  # one log, appended to by both attempts
