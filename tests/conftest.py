@@ -13,7 +13,9 @@ import pytest
 
 # One thread per process: three workers, their jobs and their ranks share two cores, and a
 # second OpenMP thread each only spins (a tiny-local run took 13 % more CPU with two). Set
-# before anything imports torch; every process the tests start inherits it.
+# before anything imports torch; every process the tests start themselves inherits it. Slurm jobs
+# inherit nothing of it (jobs/slurm.py exports a fixed list): the native launch sets their ranks'
+# threads from cluster.cpus_per_task (render/native.py), which the one-rank tests set to 1.
 os.environ["OMP_NUM_THREADS"] = "1"
 
 # The modules that take longest go first, so that the workers finish together: loadfile hands

@@ -52,7 +52,7 @@ def test_tiny_local_runs_every_stage_on_the_demo_corpus(s3_endpoint, demo_tokeni
     overrides = [f"paths.root={tmp_path}", f"tokenizer.path={demo_tokenizer}", "cluster.executor=local",
                  "data.tokenize_shards=2", "training.train_steps=6", "training.checkpoint_interval=3",
                  "training.eval_interval=3", "training.eval_iters=2", "backend.native.compile=false",
-                 "cluster.devices_per_node=1"]
+                 "cluster.devices_per_node=1", "cluster.cpus_per_task=1"]  # one rank, one thread
     state = pretrain(preset="tiny-local", overrides=overrides, return_state=True)
     assert state.is_completed(), state.message
     out = Path(state.result()["fetch"])

@@ -78,7 +78,8 @@ def overrides_for(name: str, root: Path, corpus: Corpus, *extra: str, steps: int
     second rank costs every job start about 10 CPU-seconds here (the tests that need two say so).
     ``extra`` overrides come last and win."""
     return [f"name={name}", f"paths.root={root}", f"tokenizer.path={corpus.tokenizer}", "cluster.executor=slurm",
-            "cluster.devices_per_node=1", "model.num_layers=2", "training.global_batch_size=8",
+            "cluster.devices_per_node=1", "cluster.cpus_per_task=1", "model.num_layers=2",
+            "training.global_batch_size=8",
             f"training.train_steps={steps}",
             f"training.checkpoint_interval={INTERVAL}", "training.eval_iters=0", "cluster.time_limit_min=10",
             "backend.native.compile=false", "backend.native.export_hf=false", *extra]

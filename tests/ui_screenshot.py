@@ -37,6 +37,8 @@ XYCHART_MARKER = 'aria-roledescription="xychart"'
 MERMAID_FAILED = "Failed to render mermaid diagram"
 
 CHROMIUM_NAMES = ("chromium", "chromium-browser", "google-chrome")
+# Chromium reads --virtual-time-budget as a 32-bit int: a larger one ends the load with no DOM.
+MAX_BUDGET_MS = 2**31 - 1
 
 
 def chromium_binary() -> str:
@@ -65,9 +67,9 @@ def screenshot(url: str, png: Path, wait_for: str | None = XYCHART_MARKER, timeo
     return the rendered DOM (``document.documentElement.outerHTML``).
 
     With ``wait_for`` (a substring of the DOM; by default an xychart's svg) the page is loaded
-    again, with twice the virtual-time budget each time, until its DOM holds ``wait_for``; a
-    ``TimeoutError`` after ``timeout_s`` seconds names what the page showed instead. A
-    ``RuntimeError`` when the DOM holds one of ``fail_on`` (by default the UI's "Failed to render
+    again, with twice the virtual-time budget each time (up to Chromium's largest), until its DOM
+    holds ``wait_for``; a ``TimeoutError`` after ``timeout_s`` seconds names what the page showed
+    instead. A ``RuntimeError`` when the DOM holds one of ``fail_on`` (by default the UI's "Failed to render
     mermaid diagram", whose details it quotes) or Chromium fails.
 
     Each load is one Chromium run that writes both the screenshot and the DOM, so the PNG shows
@@ -117,7 +119,7 @@ def screenshot(url: str, png: Path, wait_for: str | None = XYCHART_MARKER, timeo
         if time.monotonic() >= deadline:
             raise TimeoutError(f"{url}: no {wait_for!r} in the DOM after {timeout_s:.0f} s (last virtual-time "
                                f"budget {budget} ms); the page showed: {_visible_text(dom)!r}; screenshot {png}")
-        budget *= 2
+        budget = min(budget * 2, MAX_BUDGET_MS)
 
 
 def mermaid_errors(dom: str) -> list[str]:
