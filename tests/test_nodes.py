@@ -164,9 +164,14 @@ def test_a_node_lost_mid_job_is_marked_down_and_named_by_the_failure(three_nodes
     node the next attempt leaves out. `up` brings node3 back."""
     job = submit(JobRequest("lost-node", Command(["sleep", "300"]), time_limit_min=6, nodes=3),
                  SlurmCluster(executor="slurm"), tmp_path)
-    deadline = time.monotonic() + 30
-    while slurm("squeue", "-h", "-j", job.job_id, "-o", "%T").strip() != "RUNNING":
-        assert time.monotonic() < deadline, f"job {job.job_id} did not start"
+    deadline = time.monotonic() + 60
+
+    def ranks_running() -> int:  # the job's step runs on every node once each rank's log says so
+        logs = Path(job.paths.folder).glob(f"{job.job_id}_*_log.out")
+        return sum("$ sleep 300" in log.read_text() for log in logs)
+
+    while ranks_running() < 3:  # RUNNING is the allocation: srun may still be launching on node3
+        assert time.monotonic() < deadline, f"job {job.job_id} did not start on the three nodes"
         time.sleep(0.3)
     os.kill(stack.status(three_nodes)["slurm"]["slurmd@node3"], signal.SIGKILL)
     try:
