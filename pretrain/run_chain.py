@@ -28,17 +28,20 @@ Record = dict[str, Any]
 
 # Why a job ended, from its outcome, first match wins: the trainer's own words before the job
 # layer's state (torchrun turns a trainer that stopped on a signal into FAILED, exit code 1).
-_WHY = (("stopped on SIGUSR2", "time limit"), ("exit duration", "time limit"), ("TIMEOUT", "time limit"),
+_WHY = (("stopped on SIGUSR2", "time limit"), ("TIMEOUT", "time limit"),
         ("PREEMPTED", "preempted"), ("REQUEUE", "requeued"), ("stopped on SIGTERM", "cancelled or preempted"),
         ("CANCELLED", "cancelled"), ("NODE_FAIL", "node failure"), ("BOOT_FAIL", "node failure"),
         ("hung", "hung"), ("OUT_OF_MEMORY", "out of memory"))
 # Endings that are the scheduler's or the user's doing, not a failure of the nodes or the program.
-NOT_FAILURES = {"completed", "time limit", "preempted", "requeued", "cancelled", "cancelled or preempted"}
+NOT_FAILURES = {"completed", "time limit", "preempted", "requeued", "cancelled", "cancelled or preempted",
+                "exited before the last step"}
 
 
 def why_ended(record: Record) -> str:
     if record["completed"]:
         return "completed"
+    if record["outcome"] == "completed":  # ended well short of the last step: Megatron-LM's exit duration
+        return "exited before the last step"
     for words, why in _WHY:
         if words in record["outcome"]:
             return why

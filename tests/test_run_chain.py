@@ -49,6 +49,7 @@ def test_why_a_job_ended_takes_the_trainers_words_before_the_schedulers():
     assert run_chain.why_ended(job(0, 0, 2, "NODE_FAIL: job 6 ended NODE_FAIL")) == "node failure"
     assert run_chain.why_ended(job(0, 0, 2, "FAILED: job 7 ended FAILED with exit code 1:0")) == "failed"
     assert run_chain.why_ended(job(0, 30, 30, "completed", completed=True)) == "completed"
+    assert run_chain.why_ended(job(0, 20, 20, "completed")) == "exited before the last step"  # an exit duration
 
 
 def test_the_time_lost_between_jobs_runs_from_one_end_to_the_next_jobs_catching_up():

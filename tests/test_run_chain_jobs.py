@@ -19,6 +19,7 @@ from prefect import flow
 from jobs.node import Command
 from jobs.slurm import queue_state, stage_request
 from pretrain import run_chain
+from pretrain.checkpoints import native_step
 from pretrain.metrics_records import events, logged_steps, metrics_records
 from pretrain.presets import load_spec
 from tasks.attempts import MetricsFollower, run_attempts
@@ -55,12 +56,8 @@ def run_scripted(spec, run: Path, plan: list[tuple[int, int]]):
         advance_to, code = plan[attempt]
         return stage_request(launch, f"{spec.name}-chain", scripted_job(run, attempt + 1, advance_to, code), nodes=1)
 
-    def newest() -> int:
-        steps = [int(d.name.removeprefix("step-")) for d in checkpoint_dir(run).glob("step-*") if (d / MARKER).exists()]
-        return max(steps, default=0)
-
     return run_attempts(spec, cluster_for(spec), follower, spec.backend.native.max_attempts_without_checkpoint,
-                        prepare, run, newest)
+                        prepare, run, lambda: native_step(checkpoint_dir(run)))
 
 
 def test_jobs_that_crash_without_advancing_the_checkpoint_spend_the_budget_and_the_failure_names_each(
