@@ -119,7 +119,8 @@ class Soak:
         env = stack.environment(self.dir)
         # one thread per rank: the launch sets it from cluster.cpus_per_task=1 (render/native.py)
         self.env = {**os.environ, **env, "PREFECT_HOME": str(self.dir / "prefect-home"), "PYTHONPATH": str(ROOT)}
-        os.environ.update({k: self.env[k] for k in ("PREFECT_API_URL", "PREFECT_HOME", "SLURM_CONF")})
+        os.environ.update({k: self.env[k] for k in ("PREFECT_API_URL", "PREFECT_API_AUTH_STRING", "PREFECT_HOME",
+                                                     "SLURM_CONF")})
         cli(self.env, "work-pool", "create", POOL, "--type", "process", "--overwrite")
         cli(self.env, "--no-prompt", "deploy", "--prefect-file", "deployments/prefect.yaml", "--name", "tiny-local")
         from deployments.demo import save_credentials_block, seed_corpus

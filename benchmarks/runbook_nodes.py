@@ -51,7 +51,7 @@ from pretrain.corpus import corpus_texts, write_jsonl  # noqa: E402
 from pretrain.goodput import goodput, useful_seconds  # noqa: E402
 from pretrain.metrics_records import metrics_records, step_records  # noqa: E402
 from pretrain.toy_tokenizers import llama3_style  # noqa: E402
-from prefect.settings import PREFECT_API_URL, temporary_settings  # noqa: E402
+from prefect.settings import temporary_settings  # noqa: E402
 from slurm_faults import Fault  # noqa: E402
 from trainer.train.checkpoint import complete_steps  # noqa: E402
 
@@ -185,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
         losses.start()
         log(f"the pretrain flow on {args.nodes} nodes, losing {args.lose}: {' '.join(overrides)}")
         started = time.time()
-        with temporary_settings({PREFECT_API_URL: stack.environment(args.stack_dir)["PREFECT_API_URL"]}):
+        with temporary_settings(stack.api_settings(args.stack_dir)):
             state = pretrain("tiny-local", overrides, return_state=True)
         ended = time.time()
         if not state.is_completed():

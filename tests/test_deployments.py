@@ -44,14 +44,14 @@ SECRET = "s3-secret-never-logged-5f0c1e"
 def server(local_stack, prefect_harness, tmp_path_factory):
     """The stack's Prefect server, made this process's API for the module (blocks, clients): set
     after the session's harness has set its own, whichever module ran first."""
-    from prefect.settings import PREFECT_API_URL, temporary_settings
+    from prefect.settings import temporary_settings
 
     stack.up(components=("prefect",))
-    url = stack.environment()["PREFECT_API_URL"]
-    env = {**os.environ, "PREFECT_API_URL": url, "PREFECT_HOME": str(tmp_path_factory.mktemp("cli-home")),
+    api = {k: stack.environment()[k] for k in ("PREFECT_API_URL", "PREFECT_API_AUTH_STRING")}
+    env = {**os.environ, **api, "PREFECT_HOME": str(tmp_path_factory.mktemp("cli-home")),
            "SLURM_CONF": local_stack["SLURM_CONF"]}
-    with temporary_settings(updates={PREFECT_API_URL: url}):
-        yield {"url": url, "env": env}
+    with temporary_settings(updates=stack.api_settings()):
+        yield {"url": api["PREFECT_API_URL"], "auth": api["PREFECT_API_AUTH_STRING"], "env": env}
 
 
 def prefect_cli(server, *args: str, timeout: float = 120) -> str:
@@ -352,11 +352,15 @@ def test_tiny_local_run_publishes_every_artifact_and_the_ui_draws_the_loss_curve
     assert not [p for p in job_files if SECRET.encode() in p.read_bytes()]
     assert SECRET not in worker["log"].read_text()
 
-    # The artifact's page in the UI, as a browser draws it: the mermaid chart and the PNG.
+    # The artifact's page in the UI, as a browser draws it once logged in: the mermaid chart and the PNG.
     curve = artifacts["tiny-local-loss-curve"]
     png = SCREENSHOTS / "tiny-local-loss-curve.png"
-    # (3 min of loads: the suite's other workers may keep the server and the cores busy)
-    dom = screenshot(f"{worker['url'].removesuffix('/api')}/v2/artifacts/artifact/{curve.id}", png, timeout_s=180)
+    page = f"{worker['url'].removesuffix('/api')}/v2/artifacts/artifact/{curve.id}"
+    # Without the credential the UI shows its login and draws nothing.
+    login = screenshot(page, SCREENSHOTS / "tiny-local-login.png", wait_for="type=\"password\"", timeout_s=120)
+    assert xychart(login) is None
+    # (3 min: the suite's other workers may keep the server and the cores busy)
+    dom = screenshot(page, png, timeout_s=180, auth=worker["auth"])
     chart = xychart(dom)
     assert chart is not None and "tiny-local" in chart.title
     assert chart.x_title == "step" and chart.y_title == "loss"

@@ -3,12 +3,14 @@ stack the rest of the suite uses is never disturbed."""
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import signal
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -68,8 +70,40 @@ def test_up_starts_every_component_and_is_idempotent(second_stack):
     with urllib.request.urlopen(env["PREFECT_API_URL"] + "/health", timeout=5) as resp:
         assert json.loads(resp.read()) is True
     # A day of cancelled runs must not keep the idle server busy (deployments/stack/prefect_server.py).
-    with urllib.request.urlopen(env["PREFECT_API_URL"] + "/admin/settings", timeout=5) as resp:
+    with urllib.request.urlopen(api_request(env, "/admin/settings"), timeout=5) as resp:
         assert json.loads(resp.read())["server"]["services"]["cancellation_cleanup"]["loop_seconds"] == 120
+
+
+def api_request(env: dict[str, str], path: str, auth: str | None = None) -> urllib.request.Request:
+    """A request to the stack's Prefect API with basic authentication, as Prefect's client sends it."""
+    token = base64.b64encode((auth or env["PREFECT_API_AUTH_STRING"]).encode()).decode()
+    return urllib.request.Request(env["PREFECT_API_URL"] + path, headers={"Authorization": f"Basic {token}"})
+
+
+def test_the_prefect_server_refuses_a_client_without_the_stacks_credential(second_stack):
+    """The API hands out the Secret blocks (the Hub token, S3 keys) and starts runs: only a client
+    with the credential in stack.json (owner-only) gets an answer, through Prefect's own client too."""
+    stack.up(second_stack, base_port=BASE_PORT)
+    env = stack.environment(second_stack)
+    assert (second_stack / "stack.json").stat().st_mode & 0o777 == 0o600
+    for auth in (None, "pretrain:a-guess"):
+        request = (urllib.request.Request(env["PREFECT_API_URL"] + "/admin/version") if auth is None
+                   else api_request(env, "/admin/version", auth))
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(request, timeout=5)
+        assert refused.value.code == 401
+    with urllib.request.urlopen(api_request(env, "/admin/version"), timeout=5) as resp:
+        assert resp.status == 200
+    exported = subprocess.run([sys.executable, "-m", "cli.main", "stack", "env", "--dir", str(second_stack)],
+                              capture_output=True, text=True, check=True).stdout
+    shell = {**os.environ, "PREFECT_HOME": str(second_stack / "client-home")}
+    shell.pop("PREFECT_API_AUTH_STRING", None)
+    client = "from prefect.client.orchestration import get_client\nwith get_client(sync_client=True) as c: c.hello()"
+    for preamble, works in (("", True), ("unset PREFECT_API_AUTH_STRING; ", False)):
+        done = subprocess.run(["bash", "-c", f'{exported}\n{preamble}"{sys.executable}" -c "$0"', client],
+                              env=shell, capture_output=True, text=True, timeout=120)
+        assert (done.returncode == 0) == works, done.stderr[-2000:]
+    assert "401" in done.stderr
 
 
 def test_up_recovers_after_a_daemon_is_killed(second_stack):

@@ -1,9 +1,10 @@
 """Screenshots of the Prefect UI with Debian's headless Chromium, and what the rendered DOM shows.
 
 A helper for tests, not a test module. ``screenshot`` loads a page of the Prefect V2 (React) UI
-in ``chromium --headless=new`` and writes a PNG of it, returning the DOM as the browser
-rendered it; ``xychart`` reads a mermaid xychart (the loss-curve artifact's chart) out of that
-DOM: title, axis titles and labels, and per line its colour and vertices.
+in ``chromium --headless=new``, driven over the DevTools protocol, and writes a PNG of it,
+returning the DOM as the browser rendered it; ``xychart`` reads a mermaid xychart (the
+loss-curve artifact's chart) out of that DOM: title, axis titles and labels, and per line its
+colour and vertices.
 
 Where the loss curve is drawn (ui-v2 of prefect 3.8.8, base path ``/v2``):
 
@@ -14,31 +15,46 @@ Where the loss curve is drawn (ui-v2 of prefect 3.8.8, base path ``/v2``):
   created, description); it does not render their data, so no chart appears there.
 - ``/v2/artifacts/key/<key>`` is the key's timeline of versions, also without the data.
 
+A server with basic authentication (the stack's) shows the UI's login until the page's origin
+holds the credential where the UI's login keeps it: ``localStorage["prefect-password"]``, the
+base64 of the auth string (ui-v2's ``AuthProvider``, which checks it against
+``/api/admin/version``). ``screenshot(..., auth=...)`` puts it there before loading the page,
+as a person's login would.
+
 Chromium comes from the ``chromium`` Debian package, which ``make system-deps``
-(``deployments/stack/install-debian.sh``, as root) installs.
+(``deployments/stack/install-debian.sh``, as root) installs; the DevTools client is the
+``websockets`` package Prefect depends on.
 """
 
 from __future__ import annotations
 
+import base64
+import itertools
+import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import tempfile
 import time
+import urllib.parse
+import urllib.request
 from dataclasses import dataclass, field
 from html.parser import HTMLParser
 from pathlib import Path
+
+from websockets.sync.client import connect
 
 # What mermaid puts on the <svg> of an xychart it has drawn (mermaid sets aria-roledescription to
 # the diagram type); the UI inserts the svg only after mermaid.render() has resolved.
 XYCHART_MARKER = 'aria-roledescription="xychart"'
 # The UI's block for a mermaid block that failed to parse or render (ui-v2 lazy-markdown).
 MERMAID_FAILED = "Failed to render mermaid diagram"
+# Where ui-v2 keeps the credential of a server with basic authentication.
+PASSWORD_KEY = "prefect-password"
 
 CHROMIUM_NAMES = ("chromium", "chromium-browser", "google-chrome")
-# Chromium reads --virtual-time-budget as a 32-bit int: a larger one ends the load with no DOM.
-MAX_BUDGET_MS = 2**31 - 1
 
 
 def chromium_binary() -> str:
@@ -60,66 +76,125 @@ def _visible_text(dom: str, limit: int = 600) -> str:
     return text[:limit]
 
 
+class _Page:
+    """One page of a headless Chromium, over the DevTools protocol's websocket
+    (https://chromedevtools.github.io/devtools-protocol/): commands and their answers; events are
+    not needed and skipped."""
+
+    def __init__(self, websocket_url: str) -> None:
+        self.socket = connect(websocket_url, max_size=None, open_timeout=30)  # screenshots exceed 1 MiB
+        self.ids = itertools.count(1)
+
+    def call(self, method: str, timeout_s: float = 60, **params) -> dict:
+        ident = next(self.ids)
+        self.socket.send(json.dumps({"id": ident, "method": method, "params": params}))
+        deadline = time.monotonic() + timeout_s
+        while True:
+            message = json.loads(self.socket.recv(timeout=max(0.1, deadline - time.monotonic())))
+            if message.get("id") == ident:
+                if "error" in message:
+                    raise RuntimeError(f"chromium: {method}: {message['error']}")
+                return message.get("result", {})
+
+    def evaluate(self, expression: str):
+        result = self.call("Runtime.evaluate", expression=expression, returnByValue=True)
+        if "exceptionDetails" in result:
+            raise RuntimeError(f"chromium: {expression[:80]}: {result['exceptionDetails']}")
+        return result["result"].get("value")
+
+    def load(self, url: str, deadline: float) -> None:
+        """Navigate and wait for the document to finish loading (the UI's API calls go on after)."""
+        self.call("Page.navigate", url=url)
+        while self.evaluate("document.readyState") != "complete":
+            if time.monotonic() >= deadline:
+                raise TimeoutError(f"chromium did not finish loading {url}")
+            time.sleep(0.2)
+
+
+def _devtools_page(profile: str, proc: subprocess.Popen, deadline: float) -> _Page:
+    """The page Chromium opened, once it has written the port it listens on into the profile."""
+    active = Path(profile) / "DevToolsActivePort"
+    while not (active.exists() and active.read_text().strip()):
+        if proc.poll() is not None or time.monotonic() >= deadline:
+            stderr = proc.stderr.read() if proc.poll() is not None else ""
+            raise RuntimeError(f"chromium did not open its DevTools port (exit {proc.poll()}):\n{stderr[-2000:]}")
+        time.sleep(0.1)
+    port = active.read_text().split()[0]
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/json/list", timeout=10) as resp:
+        targets = json.loads(resp.read())
+    return _Page(next(t["webSocketDebuggerUrl"] for t in targets if t["type"] == "page"))
+
+
 def screenshot(url: str, png: Path, wait_for: str | None = XYCHART_MARKER, timeout_s: float = 60.0,
-               window: tuple[int, int] = (1280, 1600), budget_ms: int = 10_000,
+               window: tuple[int, int] = (1280, 1600), auth: str | None = None,
                fail_on: tuple[str, ...] = (MERMAID_FAILED,)) -> str:
     """Load ``url`` in headless Chromium, write a ``window``-sized PNG of it to ``png`` and
     return the rendered DOM (``document.documentElement.outerHTML``).
 
-    With ``wait_for`` (a substring of the DOM; by default an xychart's svg) the page is loaded
-    again, with twice the virtual-time budget each time (up to Chromium's largest), until its DOM
-    holds ``wait_for``; a ``TimeoutError`` after ``timeout_s`` seconds names what the page showed
-    instead. A ``RuntimeError`` when the DOM holds one of ``fail_on`` (by default the UI's "Failed to render
-    mermaid diagram", whose details it quotes) or Chromium fails.
+    ``auth``: the server's basic-authentication string, given to the UI as its login keeps it.
+    With ``wait_for`` (a substring of the DOM; by default an xychart's svg) the page is watched
+    until its DOM holds it; a ``TimeoutError`` after ``timeout_s`` seconds names what the page
+    showed instead. A ``RuntimeError`` when the DOM holds one of ``fail_on`` (by default the UI's
+    "Failed to render mermaid diagram", whose details it quotes) or Chromium fails.
 
-    Each load is one Chromium run that writes both the screenshot and the DOM, so the PNG shows
-    the page in exactly the state the returned DOM describes (two runs could differ). About 3 s
-    per load on 2 cores.
+    The screenshot is taken right after the DOM that satisfied ``wait_for`` was read, of the same
+    page: the UI changes nothing more once the chart is drawn. A few seconds on 2 cores.
     """
-    chromium = chromium_binary()
     png = Path(png)
     png.parent.mkdir(parents=True, exist_ok=True)
+    png.unlink(missing_ok=True)  # so a PNG left from an earlier run is never taken for this one
     deadline = time.monotonic() + timeout_s
-    budget = budget_ms
-    while True:
-        # Waiting with --virtual-time-budget, not wall-clock sleeps: Chromium runs the page on
-        # virtual time, which does not advance while a network fetch is pending (the API calls,
-        # the 4.9 MB mermaid chunk the UI imports lazily) and jumps ahead when the page is idle,
-        # and it takes the screenshot and DOM only when the budget is used up. So the lazy import
-        # and mermaid's asynchronous render finish first however slow the machine is: measured,
-        # 100 virtual ms already showed the chart, also with the 2 cores saturated, and a 120 s
-        # budget costs no more wall time (2-4 s a load) than 5 s. The retry with a larger budget
-        # is for what virtual time cannot see, e.g. a server still starting.
-        png.unlink(missing_ok=True)  # so a PNG left from an earlier load is never taken for this one
-        # A fresh profile per run, and XDG dirs in it (Chromium keeps crash-report settings and
-        # dconf there): no state shared between runs, nothing written to the user's home.
-        with tempfile.TemporaryDirectory(prefix="ui-screenshot-") as profile:
-            env = {**os.environ, "XDG_CONFIG_HOME": f"{profile}/config", "XDG_CACHE_HOME": f"{profile}/cache"}
-            command = [chromium, "--headless=new", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
-                       # /dev/shm is 64 MB in containers; the Debian wrapper's own check misfires
-                       "--disable-dev-shm-usage", "--no-first-run", "--no-default-browser-check",
-                       f"--user-data-dir={profile}", f"--window-size={window[0]},{window[1]}",
-                       f"--virtual-time-budget={budget}", f"--screenshot={png}", "--dump-dom", url]
-            try:
-                done = subprocess.run(command, capture_output=True, text=True, env=env,
-                                      timeout=max(30.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired as error:
-                raise TimeoutError(f"chromium did not finish loading {url} in {error.timeout:.0f} s") from error
-        dom = done.stdout
-        if done.returncode != 0 or not dom.strip() or not png.exists():
-            noise = ("dbus", "unexpected operator", "bytes written to file")
-            stderr = "\n".join(line for line in done.stderr.splitlines() if not any(n in line for n in noise))
-            wrote = "no DOM" if not dom.strip() else "no PNG" if not png.exists() else "DOM and PNG written"
-            raise RuntimeError(f"chromium exited with {done.returncode} on {url} ({wrote}):\n{stderr[-2000:]}")
-        for failure in fail_on:
-            if failure in dom:
-                raise RuntimeError(f"{url} shows {failure!r}: {mermaid_errors(dom) or _visible_text(dom)}")
-        if wait_for is None or wait_for in dom:
-            return dom
-        if time.monotonic() >= deadline:
-            raise TimeoutError(f"{url}: no {wait_for!r} in the DOM after {timeout_s:.0f} s (last virtual-time "
-                               f"budget {budget} ms); the page showed: {_visible_text(dom)!r}; screenshot {png}")
-        budget = min(budget * 2, MAX_BUDGET_MS)
+    # A fresh profile per run, and XDG dirs in it (Chromium keeps crash-report settings and dconf
+    # there): no state shared between runs, nothing written to the user's home.
+    with tempfile.TemporaryDirectory(prefix="ui-screenshot-") as profile:
+        env = {**os.environ, "XDG_CONFIG_HOME": f"{profile}/config", "XDG_CACHE_HOME": f"{profile}/cache"}
+        command = [chromium_binary(), "--headless=new", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
+                   # /dev/shm is 64 MB in containers; the Debian wrapper's own check misfires
+                   "--disable-dev-shm-usage", "--no-first-run", "--no-default-browser-check",
+                   f"--user-data-dir={profile}", f"--window-size={window[0]},{window[1]}",
+                   "--remote-debugging-port=0", "about:blank"]
+        # In a session of its own: its renderer and utility processes write into the profile too,
+        # and all must be gone before the profile is removed.
+        proc = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                                start_new_session=True)
+        try:
+            page = _devtools_page(profile, proc, deadline)
+            page.call("Emulation.setDeviceMetricsOverride", width=window[0], height=window[1],
+                      deviceScaleFactor=1, mobile=False)
+            if auth is not None:
+                # Any page of the server's origin can write the origin's storage; its health check
+                # needs no credential.
+                origin = "{0.scheme}://{0.netloc}".format(urllib.parse.urlsplit(url))
+                page.load(f"{origin}/api/health", deadline)
+                page.evaluate(f"localStorage.setItem({json.dumps(PASSWORD_KEY)}, "
+                              f"{json.dumps(base64.b64encode(auth.encode()).decode())})")
+            page.load(url, deadline)
+            while True:
+                dom = page.evaluate("document.documentElement.outerHTML")
+                for failure in fail_on:
+                    if failure in dom:
+                        raise RuntimeError(f"{url} shows {failure!r}: {mermaid_errors(dom) or _visible_text(dom)}")
+                if wait_for is None or wait_for in dom:
+                    png.write_bytes(base64.b64decode(page.call("Page.captureScreenshot", format="png")["data"]))
+                    return dom
+                if time.monotonic() >= deadline:
+                    raise TimeoutError(f"{url}: no {wait_for!r} in the DOM after {timeout_s:.0f} s; the page "
+                                       f"showed: {_visible_text(dom)!r}")
+                time.sleep(0.5)
+        finally:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=30)
+            _wait_for_group_gone(proc.pid)
+
+
+def _wait_for_group_gone(group: int, timeout_s: float = 30) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(group, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.1)
 
 
 def mermaid_errors(dom: str) -> list[str]:

@@ -11,6 +11,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import secrets
+import shlex
 import shutil
 import tempfile
 from pathlib import Path
@@ -23,7 +25,7 @@ DEFAULT_BASE_PORT = 6817  # Slurm's own default controller port
 # Which stack directory holds each base port on this machine: a link per port, named after it.
 CLAIMS = Path(tempfile.gettempdir()) / "pretrain-stack-ports"
 
-__all__ = ["ALL", "StackError", "down", "environment", "main", "reset", "status", "up"]
+__all__ = ["ALL", "StackError", "api_settings", "down", "environment", "main", "reset", "status", "up"]
 
 
 def stack_dir(path: str | Path | None = None) -> Path:
@@ -44,17 +46,25 @@ def _config(root: Path, base_port: int | None, nodes: int | None = None) -> dict
     count = old.get("nodes", 1) if nodes is None else nodes
     if count < 1:
         raise StackError(f"--nodes {count}: a cluster has at least one node")
-    if old.get("base_port") == base and old.get("nodes", 1) == count:
+    auth = old.get("env", {}).get("PREFECT_API_AUTH_STRING")
+    if old.get("base_port") == base and old.get("nodes", 1) == count and auth:
         return old
     ports = _ports(base)
     config = {
         "base_port": base, "ports": ports, "nodes": count,
         "env": {"SLURM_CONF": str(root / "slurm" / "etc" / "slurm.conf"),
                 "PRETRAIN_S3_ENDPOINT": f"http://127.0.0.1:{ports['s3']}",
-                "PREFECT_API_URL": f"http://127.0.0.1:{ports['prefect']}/api"},
+                "PREFECT_API_URL": f"http://127.0.0.1:{ports['prefect']}/api",
+                # The Prefect server takes only clients that send this (basic authentication,
+                # prefect_server.py): made once, kept across changes of port or node count.
+                "PREFECT_API_AUTH_STRING": auth or f"pretrain:{secrets.token_urlsafe(24)}"},
     }
     root.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(config, indent=2) + "\n")
+    # Readable by its owner only: it holds the Prefect server's credential.
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as out:
+        out.write(json.dumps(config, indent=2) + "\n")
+    os.chmod(path, 0o600)  # a stack.json written before it held the credential
     return config
 
 
@@ -97,7 +107,8 @@ def up(path: str | Path | None = None, components: tuple[str, ...] = ALL,
     if "s3" in components:
         pids["s3"] = s3.up(root / "s3", config["ports"]["s3"])
     if "prefect" in components:
-        pids["prefect"] = prefect_server.up(root / "prefect", config["ports"]["prefect"])
+        pids["prefect"] = prefect_server.up(root / "prefect", config["ports"]["prefect"],
+                                            config["env"]["PREFECT_API_AUTH_STRING"])
     return pids
 
 
@@ -144,8 +155,16 @@ def status(path: str | Path | None = None) -> dict[str, dict[str, int | None]]:
 
 
 def environment(path: str | Path | None = None) -> dict[str, str]:
-    """SLURM_CONF, PRETRAIN_S3_ENDPOINT and PREFECT_API_URL of the stack."""
+    """SLURM_CONF, PRETRAIN_S3_ENDPOINT, PREFECT_API_URL and PREFECT_API_AUTH_STRING of the stack."""
     return dict(_config(stack_dir(path), None)["env"])
+
+
+def api_settings(path: str | Path | None = None) -> dict:
+    """The stack's Prefect API for ``prefect.settings.temporary_settings``: its address and credential."""
+    from prefect.settings import PREFECT_API_AUTH_STRING, PREFECT_API_URL
+
+    env = environment(path)
+    return {PREFECT_API_URL: env["PREFECT_API_URL"], PREFECT_API_AUTH_STRING: env["PREFECT_API_AUTH_STRING"]}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -170,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
             reset(args.dir, components)
         elif args.action == "env":
             for key, value in environment(args.dir).items():
-                print(f"export {key}={value}")
+                print(f"export {key}={shlex.quote(value)}")
             return 0
     except StackError as exc:
         print(f"error: {exc}")
