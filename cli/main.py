@@ -61,7 +61,7 @@ def _plan(args: argparse.Namespace) -> int:
 def _render(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from tasks.dry_run import render_files, write_files
+    from flows.dry_run import render_files, write_files
 
     files = render_files(args.loaded)
     write_files(files, Path(args.out))

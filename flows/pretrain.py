@@ -31,21 +31,13 @@ from pretrain.loss_curve import RunSummary, metrics_summary, package_versions
 from pretrain.hub_refs import spec_references
 from pretrain.presets import load_spec
 from pretrain.spec import PretrainSpec
-from pretrain.stages import STAGES, Stage, not_run, refuse_not_run
-from tasks.convert import convert
-from tasks.fetch import fetch, fetch_hub_files
-from tasks.image import build_image
-from tasks.precompile import precompile_native, precompile_neuron
+from tasks.fetch import fetch_hub_files
 from tasks.preflight import preflight
-from tasks.dry_run import publish_rendered
+from flows.dry_run import publish_rendered
 from render.nxdt import check_model_config
 from jobs.slurm import FlowRunCancelled, jobs_of_this_flow_run, raise_if_cancelled
-from tasks.tokenize import tokenize
-from tasks.train import train
+from flows.stages import STAGE_NAMES, StageName, refuse_not_run, to_run
 from tasks.train_artifacts import publish_run_summary
-from tasks.train_megatron import train_megatron
-from tasks.train_nxdt import train_nxdt
-from tasks.train_torchtitan import train_torchtitan
 
 
 class StageTimer:
@@ -66,7 +58,8 @@ class StageTimer:
 
 def run_stages(spec: PretrainSpec, stages: list[str] | None = None,
                stage: StageTimer | None = None) -> tuple[dict[str, Any], dict[str, float]]:
-    """Run the stages of ``spec`` (all that apply to its backend when ``stages`` is None).
+    """Run the stages of ``spec`` (all that apply to its backend when ``stages`` is None), walking
+    its backend's list (flows/stages.py).
 
     A stage left out is not run; the stages after it take its existing output, or fail naming
     the stage to add. A stage named that the backend has no job for is refused before anything
@@ -75,56 +68,21 @@ def run_stages(spec: PretrainSpec, stages: list[str] | None = None,
     """
     if stages is not None:
         refuse_not_run(spec, stages)
-    selected = set(STAGES if stages is None else stages)
-    runs = set(STAGES) - set(not_run(spec))  # the stages the backend has a job for
+    selected = set(STAGE_NAMES if stages is None else stages)
     stage = stage or StageTimer()
-    outputs = stage.outputs
     stage("preflight", preflight, spec, sorted(selected))
     if spec_references(spec):
         # the later stages read the Hub's files from the shared disk, by the paths this spec names
         spec = stage("fetch-hub", fetch_hub_files, spec, reuse_only="fetch" not in selected)
     if spec.backend.kind == "neuron" and spec.model.family == "llama" and selected & {"precompile", "train"}:
         check_model_config(spec)  # the config.json NxDT builds the model from, before any job
-    data_dir = stage("fetch", fetch, spec, reuse_only="fetch" not in selected)
-    outputs["fetch"] = data_dir
-    if selected <= {"fetch"}:
-        return outputs, stage.seconds
-    if spec.backend.kind == "torchtitan":
-        # torchtitan's loader tokenizes the fetched JSONL as it reads it: no tokenize stage; and
-        # no precompile job, as AWS documents none for TorchNeuron (docs/render.md)
-        if "train" in selected:
-            outputs["train"] = stage("train", train_torchtitan, spec, data_dir)
-        return outputs, stage.seconds
-    dataset = stage("tokenize", tokenize, spec, data_dir, reuse_only="tokenize" not in selected)
-    outputs["tokenize"] = dataset
-    if spec.backend.kind == "neuron":
-        checkpoint = None
-        if "convert" in runs and selected & {"convert", "precompile", "train"}:
-            checkpoint = stage("convert", convert, spec, reuse_only="convert" not in selected)
-            outputs["convert"] = checkpoint
-        if "precompile" in selected:
-            outputs["precompile"] = stage("precompile", precompile_neuron, spec, dataset, checkpoint)
-        if "train" in selected:
-            outputs["train"] = stage("train", train_nxdt, spec, dataset, checkpoint, outputs.get("precompile"))
-    elif spec.backend.kind == "native":
-        nodes = None
-        if "precompile" in runs and "precompile" in selected:
-            outputs["precompile"] = stage("precompile", precompile_native, spec, dataset, data_dir)
-            nodes = outputs["precompile"]["nodes"]
-        if "train" in selected:
-            outputs["train"] = stage("train", train, spec, dataset, data_dir, nodelist=nodes)
-    elif spec.backend.kind == "megatron-lm":
-        image = None
-        if "image" in runs and selected & {"image", "train"}:
-            image = stage("image", build_image, spec, reuse_only="image" not in selected)
-            outputs["image"] = image
-        if "train" in selected:
-            outputs["train"] = stage("train", train_megatron, spec, dataset, image)
-    return outputs, stage.seconds
+    for step, reuse_only in to_run(spec, selected):
+        stage.outputs[step.name] = stage(step.name, step.run, spec, stage.outputs, reuse_only)
+    return stage.outputs, stage.seconds
 
 
 @flow(name="pretrain", log_prints=True)
-def pretrain(preset: str = "tiny-local", overrides: list[str] | None = None, stages: list[Stage] | None = None,
+def pretrain(preset: str = "tiny-local", overrides: list[str] | None = None, stages: list[StageName] | None = None,
              cluster_block: str | None = None, init_from: str | None = None, dry_run: bool = False) -> Any:
     """LLM pre-training from raw data to a trained, monitored model on a Slurm cluster.
 
@@ -157,7 +115,7 @@ def pretrain(preset: str = "tiny-local", overrides: list[str] | None = None, sta
     except FlowRunCancelled as cancelled:
         return Cancelled(message=str(cancelled))  # a flow without a worker ends Cancelled too
     except Exception as exc:
-        if "train" in (stages or STAGES):  # a run meant to train: say how far it got and why not
+        if "train" in (stages or STAGE_NAMES):  # a run meant to train: say how far it got and why not
             publish_run_summary(spec.name, _summary(spec, stage, f"failed: {exc}", exc))
         raise
     if "train" in outputs:

@@ -176,27 +176,19 @@ def hub_key_inputs(ref: HubRef, commit: str, patterns: tuple[str, ...]) -> dict[
             "patterns": list(patterns)}
 
 
-def hub_output(root: str, ref: HubRef, commit: str, patterns: tuple[str, ...]) -> tuple[Path, str]:
-    """Where the output for these inputs lives, and its key."""
-    key = manifest.stable_hash(hub_key_inputs(ref, commit, patterns))
-    return manifest.output_dir(root, "hub", key), key
-
-
 def fetch_files(ref: HubRef, patterns: tuple[str, ...], access: HubAccess, root: str,
                 reuse_only: bool = False) -> tuple[Path, dict[str, Any], bool]:
     """``ref``'s files that ``patterns`` match, at the commit its revision resolves to, as a
     content-addressed output under ``root``. Returns the directory, its manifest, and whether it
     was there already. ``reuse_only``: never download; a missing output raises MissingOutput."""
     commit = resolve_commit(ref, access)
-    final, key = hub_output(root, ref, commit, patterns)
-    if (done := manifest.load_valid(final, key)) is not None:
-        return final, done, True
-    if reuse_only:
-        raise manifest.MissingOutput("fetch", final)
-    folder = snapshot(ref, commit, patterns, access)
-    with manifest.staged_output(final) as staging:
-        names = snapshot_files(folder)
-        link_files(folder, staging, names)
-        done = manifest.write_manifest(staging, "hub", hub_key_inputs(ref, commit, patterns), uri=ref.uri,
-                                       revision=ref.revision, commit=commit)
-    return final, done, False
+
+    def build(staging: Path) -> dict[str, Any]:
+        folder = snapshot(ref, commit, patterns, access)
+        link_files(folder, staging, snapshot_files(folder))
+        return {"uri": ref.uri, "revision": ref.revision, "commit": commit}
+
+    # the hub's files come with the fetch stage: a run without it asks for fetch
+    output = manifest.cached_output(root, "hub", hub_key_inputs(ref, commit, patterns), build, reuse_only,
+                                    asked_as="fetch")
+    return output.directory, output.manifest, output.cached

@@ -15,6 +15,7 @@ import subprocess
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -198,3 +199,42 @@ def staged_output(final: Path) -> Iterator[Path]:
         # An output left by an older code version or a concurrent run: replace it whole.
         shutil.rmtree(final)
     os.replace(staging, final)
+
+
+@dataclass(frozen=True)
+class Output:
+    """A stage's output for one key: where it is, and its manifest when it is complete there."""
+
+    key: str
+    directory: Path
+    manifest: dict[str, Any] | None
+    """None while no complete output with this key is there."""
+    cached: bool = False
+    """Handed on from an earlier run, not built now."""
+
+
+def existing_output(root: str | Path, stage: str, key_inputs: dict[str, Any]) -> Output:
+    """The key of ``key_inputs``, its output directory under ``root``, and that output's manifest if it
+    is complete: what a stage and ``pretrain plan`` both look up before deciding to build."""
+    key = stable_hash(key_inputs)
+    directory = output_dir(root, stage, key)
+    return Output(key, directory, load_valid(directory, key))
+
+
+def cached_output(root: str | Path, stage: str, key_inputs: dict[str, Any],
+                  build: Callable[[Path], dict[str, Any]], reuse_only: bool = False,
+                  asked_as: str | None = None) -> Output:
+    """Every stage's caching: key -> output directory -> a complete output there is handed on ->
+    else ``build(staging)`` fills the staging directory and returns the manifest's own fields ->
+    the manifest is written last -> the directory is renamed into place.
+
+    ``reuse_only``: the stage was left out of the run; a missing output raises :class:`MissingOutput`
+    naming ``asked_as`` (the stage a user adds to the run; default ``stage``)."""
+    found = existing_output(root, stage, key_inputs)
+    if found.manifest is not None:
+        return Output(found.key, found.directory, found.manifest, cached=True)
+    if reuse_only:
+        raise MissingOutput(asked_as or stage, found.directory)
+    with staged_output(found.directory) as staging:
+        done = write_manifest(staging, stage, key_inputs, **build(staging))
+    return Output(found.key, found.directory, done)

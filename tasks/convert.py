@@ -51,23 +51,21 @@ def convert(spec: PretrainSpec, reuse_only: bool = False) -> str:
         raise FileNotFoundError(f"model.init_from={spec.model.init_from}: no config.json there; point it at a "
                                 "Hugging Face checkpoint directory")
     key_inputs = convert_key_inputs(spec, source)
-    key = manifest.stable_hash(key_inputs)
-    final = manifest.output_dir(spec.paths.root, "convert", key)
-    if (done := manifest.load_valid(final, key)) is None:
-        if reuse_only:
-            raise manifest.MissingOutput("convert", final)
+
+    def build(staging: Path) -> dict:
         cluster = cluster_for(spec)
-        with manifest.staged_output(final) as staging:
-            record_path = staging.with_name(staging.name + ".record.json")
-            argv = convert_command(spec, str(source), str(staging / "checkpoint"), record=str(record_path))
-            run_job(stage_request(spec, f"{spec.name}-convert", Command(argv), nodes=1, gpus_per_node=None,
-                                  exclusive=False), cluster,
-                    job_folder(spec, cluster))
-            record = json.loads(record_path.read_text())
-            record_path.unlink()
-            done = manifest.write_manifest(staging, "convert", key_inputs, layout=key_inputs["layout"], **{
-                k: record[k] for k in ("shards", "parameters_stored", "bytes", "verified_tensors")})
-    else:
+        record_path = staging.with_name(staging.name + ".record.json")
+        argv = convert_command(spec, str(source), str(staging / "checkpoint"), record=str(record_path))
+        run_job(stage_request(spec, f"{spec.name}-convert", Command(argv), nodes=1, gpus_per_node=None,
+                              exclusive=False), cluster, job_folder(spec, cluster))
+        record = json.loads(record_path.read_text())
+        record_path.unlink()
+        return {"layout": key_inputs["layout"],
+                **{k: record[k] for k in ("shards", "parameters_stored", "bytes", "verified_tensors")}}
+
+    output = manifest.cached_output(spec.paths.root, "convert", key_inputs, build, reuse_only)
+    final, done = output.directory, output.manifest
+    if output.cached:
         logger.info("convert: %s is complete (manifest valid); nothing submitted", final)
     create_table_artifact([{"shards": done["shards"], "parameters": done["parameters_stored"],
                             "bytes": done["bytes"], "verified tensors": done["verified_tensors"],

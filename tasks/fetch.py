@@ -214,55 +214,47 @@ def fetch(spec: PretrainSpec, reuse_only: bool = False) -> str:
     logger = get_run_logger()
     listing = list_sources(spec)
     key_inputs = fetch_key_inputs(listing)
-    key = manifest.stable_hash(key_inputs)
-    final = manifest.output_dir(spec.paths.root, "fetch", key)
 
     names: dict[str, str] = {}
     for source, _, objects in listing:
         for obj in objects:
             _claim(names, _output_name(source, obj), obj.uri)
 
-    cached = manifest.load_valid(final, key)
-    if cached is not None:
-        logger.info("fetch: %d files already in %s (manifest valid); nothing downloaded",
-                    len(cached["files"]), final)
-        rows = [{"file": f, "bytes": m["bytes"], "MB/s": None, "transferred": 0, "cached": True}
-                for f, m in cached["files"].items()]
-        _publish(spec, rows, final, cached=True)
-        return str(final)
-    if reuse_only:
-        raise manifest.MissingOutput("fetch", final)
+    records: list[dict[str, Any]] = []
 
-    started = time.monotonic()
-    with manifest.staged_output(final) as staging:
-        records = [record for source, reader, _ in listing if isinstance(reader, HubSource)
-                   for record in _fetch_hub(source, reader, staging, names)]
+    def build(staging: Path) -> dict[str, Any]:
+        started = time.monotonic()
+        records.extend(record for source, reader, _ in listing if isinstance(reader, HubSource)
+                       for record in _fetch_hub(source, reader, staging, names))
         jobs = [(reader, source, obj) for source, reader, objects in listing for obj in objects]
         if jobs:
             with ThreadPoolExecutor(min(FILE_WORKERS, len(jobs))) as pool:
-                records += pool.map(lambda job: _fetch_one(*job, staging), jobs)
+                records.extend(pool.map(lambda job: _fetch_one(*job, staging), jobs))
             shutil.rmtree(staging / STATE_DIR)
         for record in records:
-            logger.info("fetched %s: %d bytes in %.2f s", record["source"], record["bytes"],
-                        record["seconds"])
-        total = sum(r["bytes"] for r in records)
-        manifest.write_manifest(
-            staging, "fetch", key_inputs,
-            sources=[{"uri": r["source"], "etag": r["etag"], "bytes": r["bytes"], "file": r["file"]}
-                     for r in records],
-            bytes=total, seconds=round(time.monotonic() - started, 3),
-            # what datasets read, by source: its rows, columns and fingerprint. The commit keys the
-            # output, not the fingerprint: that is known only once the split is read, and it hashes
-            # the builder's directory name, in which local files count by their modification times,
-            # not their bytes (``_get_dataset_fingerprint`` in huggingface/datasets builder.py,
-            # ``_get_single_origin_metadata`` in data_files.py).
-            datasets={r["source"]: r["dataset"] for r in records if "dataset" in r},
-        )
-    rows = [{"file": r["file"], "bytes": r["bytes"],
-             "MB/s": round(r["bytes"] / 1e6 / r["seconds"], 1) if r["seconds"] else None,
-             "transferred": r["bytes_transferred"], "cached": False} for r in records]
-    _publish(spec, rows, final, cached=False)
-    return str(final)
+            logger.info("fetched %s: %d bytes in %.2f s", record["source"], record["bytes"], record["seconds"])
+        return {"sources": [{"uri": r["source"], "etag": r["etag"], "bytes": r["bytes"], "file": r["file"]}
+                            for r in records],
+                "bytes": sum(r["bytes"] for r in records), "seconds": round(time.monotonic() - started, 3),
+                # what datasets read, by source: its rows, columns and fingerprint. The commit keys
+                # the output, not the fingerprint: that is known only once the split is read, and it
+                # hashes the builder's directory name, in which local files count by their
+                # modification times, not their bytes (``_get_dataset_fingerprint`` in
+                # huggingface/datasets builder.py, ``_get_single_origin_metadata`` in data_files.py).
+                "datasets": {r["source"]: r["dataset"] for r in records if "dataset" in r}}
+
+    output = manifest.cached_output(spec.paths.root, "fetch", key_inputs, build, reuse_only)
+    if output.cached:
+        logger.info("fetch: %d files already in %s (manifest valid); nothing downloaded",
+                    len(output.manifest["files"]), output.directory)
+        rows = [{"file": f, "bytes": m["bytes"], "MB/s": None, "transferred": 0, "cached": True}
+                for f, m in output.manifest["files"].items()]
+    else:
+        rows = [{"file": r["file"], "bytes": r["bytes"],
+                 "MB/s": round(r["bytes"] / 1e6 / r["seconds"], 1) if r["seconds"] else None,
+                 "transferred": r["bytes_transferred"], "cached": False} for r in records]
+    _publish(spec, rows, output.directory, cached=output.cached)
+    return str(output.directory)
 
 
 def _publish(spec: PretrainSpec, rows: list[dict[str, Any]], final: Path, cached: bool) -> None:

@@ -95,24 +95,18 @@ def build_image(spec: PretrainSpec, reuse_only: bool = False) -> str:
     image = spec.backend.megatron_lm.image
     project = project_files() if image.install_project else {}
     key_inputs = image_key_inputs(image, project)
-    key = manifest.stable_hash(key_inputs)
-    final = manifest.output_dir(spec.paths.root, "image", key)
-    tag = image_tag(spec.name, key)
-    done = manifest.load_valid(final, key)
-    cached = done is not None
-    if cached:
-        get_run_logger().info("image: %s is complete (manifest valid); nothing submitted", final)
-    elif reuse_only:
-        raise manifest.MissingOutput("image", final)
-    else:
-        with manifest.staged_output(final) as staging:
-            done = _build(spec, image, tag, staging, key_inputs, project)
-    _publish(spec, final, done, cached)
-    return str(final / SQUASHFS)
+    tag = image_tag(spec.name, manifest.stable_hash(key_inputs))
+    output = manifest.cached_output(spec.paths.root, "image", key_inputs,
+                                    lambda staging: _build(spec, image, tag, staging, key_inputs, project), reuse_only)
+    if output.cached:
+        get_run_logger().info("image: %s is complete (manifest valid); nothing submitted", output.directory)
+    _publish(spec, output.directory, output.manifest, output.cached)
+    return str(output.directory / SQUASHFS)
 
 
 def _build(spec: PretrainSpec, image: ImageSpec, tag: str, staging: Path, key_inputs: dict[str, Any],
            project: dict[str, Path]) -> dict[str, Any]:
+    """Build and import the image into ``staging``; the manifest's fields: its tag and the build's record."""
     context, record_path = staging / "context", staging.with_name(staging.name + ".record.json")
     _assemble_context(context, image, key_inputs, project)
     record_path.unlink(missing_ok=True)
@@ -133,7 +127,7 @@ def _build(spec: PretrainSpec, image: ImageSpec, tag: str, staging: Path, key_in
     record_path.unlink()
     script.unlink()
     shutil.rmtree(context)
-    return manifest.write_manifest(staging, "image", key_inputs, tag=tag, **record)
+    return {"tag": tag, **record}
 
 
 def _publish(spec: PretrainSpec, final: Path, done: dict[str, Any], cached: bool) -> None:

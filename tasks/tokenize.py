@@ -137,22 +137,12 @@ def tokenize(spec: PretrainSpec, data_dir: str, reuse_only: bool = False) -> str
     tok_files = tokenizer_files(spec, data)
     arrow = arrow_output(spec)
     key_inputs = tokenize_key_inputs(spec, data)
-    key = manifest.stable_hash(key_inputs)
-    final = manifest.output_dir(spec.paths.root, "tokenize", key)
-    prefixes = [f"{final / DATA_PREFIX}_{k}" if arrow else f"{final / DATA_PREFIX}_{k}_document"
-                for k in spec.data.json_keys]
-    if (cached := manifest.load_valid(final, key)) is not None:
-        logger.info("tokenize: %s is complete (manifest valid); nothing submitted", final)
-        _publish(spec, cached, prefixes, cached=True)
-        return prefixes[0]
-    if reuse_only:
-        raise manifest.MissingOutput("tokenize", final)
 
-    input_bytes = sum(p.stat().st_size for p in inputs)
-    shards = 1 if arrow else shard_count(spec, input_bytes)
-    cluster = cluster_for(spec)
-    folder = job_folder(spec, cluster)
-    with manifest.staged_output(final) as staging:
+    def build(staging: Path) -> dict[str, Any]:
+        input_bytes = sum(p.stat().st_size for p in inputs)
+        shards = 1 if arrow else shard_count(spec, input_bytes)
+        cluster = cluster_for(spec)
+        folder = job_folder(spec, cluster)
         parts = staging / "parts"
         parts.mkdir(exist_ok=True)
         tokenizer = {flag: str(path) for flag, path in tok_files.items()}
@@ -181,14 +171,18 @@ def tokenize(spec: PretrainSpec, data_dir: str, reuse_only: bool = False) -> str
             # The launches name the tokenizer beside the dataset (render/dataset_files.py).
             for path in tok_files.values():
                 shutil.copyfile(path, staging / path.name)
-        done = manifest.write_manifest(
-            staging, "tokenize", key_inputs, input_bytes=input_bytes, dtype=records[0]["dtype"],
-            documents=sum(r["documents"] for r in records), skipped=sum(r["skipped"] for r in records),
-            tokens={k: sum(r["tokens"][k] for r in records) for k in spec.data.json_keys},
-            shards=[{k: r[k] for k in ("shard", "documents", "tokens", "skipped", "input_bytes", "seconds",
-                                       "mb_per_s", "skipped_records", "finished_at")} for r in records],
-        )
-    _publish(spec, done, prefixes, cached=False)
+        return {"input_bytes": input_bytes, "dtype": records[0]["dtype"],
+                "documents": sum(r["documents"] for r in records), "skipped": sum(r["skipped"] for r in records),
+                "tokens": {k: sum(r["tokens"][k] for r in records) for k in spec.data.json_keys},
+                "shards": [{k: r[k] for k in ("shard", "documents", "tokens", "skipped", "input_bytes", "seconds",
+                                              "mb_per_s", "skipped_records", "finished_at")} for r in records]}
+
+    output = manifest.cached_output(spec.paths.root, "tokenize", key_inputs, build, reuse_only)
+    if output.cached:
+        logger.info("tokenize: %s is complete (manifest valid); nothing submitted", output.directory)
+    prefixes = [f"{output.directory / DATA_PREFIX}_{k}" if arrow else f"{output.directory / DATA_PREFIX}_{k}_document"
+                for k in spec.data.json_keys]
+    _publish(spec, output.manifest, prefixes, cached=output.cached)
     return prefixes[0]
 
 

@@ -86,7 +86,7 @@ def test_multi_node_jobs_wait_for_all_their_nodes(tmp_path):
 @pytest.mark.pure
 def test_every_trainium_preset_precompiles_and_trains_on_whole_nodes_with_the_runbooks_cpus():
     from pretrain.presets import list_presets
-    from tasks.dry_run import render_files
+    from flows.dry_run import render_files
 
     trainium = [p for p in list_presets() if load_spec(p).backend.trainium]
     assert {"llama3-70b", "llama3-70b-trn2", "megatron-gpt-6.7b", "llama3-70b-trn2-torchneuron"} <= set(trainium)
@@ -110,7 +110,7 @@ def test_every_trainium_preset_precompiles_and_trains_on_whole_nodes_with_the_ru
 @pytest.mark.pure
 def test_a_one_node_cpu_job_shares_its_node_and_a_multi_node_one_takes_them_whole():
     """tiny-local's jobs run on the local stack's one 2-CPU node beside the suite's other jobs."""
-    from tasks.dry_run import render_files
+    from flows.dry_run import render_files
 
     alone = render_files(load_spec("tiny-local"))
     assert "--exclusive" not in alone["sbatch_train.sh"] and "--exclusive" not in alone["sbatch_precompile.sh"]

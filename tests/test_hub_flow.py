@@ -20,7 +20,7 @@ from flows.pretrain import run_stages
 from hub_server import LocalHub
 from pretrain.hub import HubError
 from pretrain.presets import load_spec
-from tasks.dry_run import render_files
+from flows.dry_run import render_files
 from tasks.fetch import hub_access
 from test_formats import ASSETS
 

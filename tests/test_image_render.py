@@ -12,7 +12,7 @@ from pydantic import ValidationError
 from pretrain.presets import load_spec
 from pretrain.spec import ImageSpec
 from render.image import MISSING_TOOL_EXIT, build_script, containerfile, image_tag
-from tasks.dry_run import render_files
+from flows.dry_run import render_files
 from tasks.image import image_key_inputs, project_files
 
 pytestmark = pytest.mark.pure

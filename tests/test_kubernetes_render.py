@@ -14,7 +14,7 @@ from blocks.kubernetes import RUNBOOK_NETWORK_ENV, KubernetesCluster, Toleration
 from jobs.node import Command
 from pretrain.presets import load_spec
 from render import kubernetes
-from tasks.dry_run import render_files
+from flows.dry_run import render_files
 from kubernetes_schemas import invalid
 
 pytestmark = pytest.mark.pure

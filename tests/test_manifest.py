@@ -73,3 +73,26 @@ def test_the_newest_output_and_what_changed_since(tmp_path):
     assert manifest.changed_inputs(newest["key_inputs"], now) == [
         'data.json_keys: ["text"] -> ["text", "title"]', "format: 1 -> 2"]
     assert manifest.changed_inputs(now, now) == []
+
+
+def test_cached_output_builds_once_then_hands_on_and_a_stage_left_out_names_what_to_add(tmp_path):
+    """The one caching sequence every stage uses: a second run with the same key inputs builds
+    nothing; other inputs build anew; a stage left out of the run never builds."""
+    built: list[str] = []
+
+    def build(staging):
+        built.append(staging.name)
+        (staging / "out.txt").write_text("tokens")
+        return {"documents": 3}
+
+    first = manifest.cached_output(tmp_path, "tokenize", {"corpus": "a"}, build)
+    assert not first.cached and first.manifest["documents"] == 3
+    assert (first.directory / "out.txt").read_text() == "tokens" and len(built) == 1
+    again = manifest.cached_output(tmp_path, "tokenize", {"corpus": "a"}, build)
+    assert again.cached and again.directory == first.directory and len(built) == 1
+    assert manifest.existing_output(tmp_path, "tokenize", {"corpus": "a"}).manifest == first.manifest
+    with pytest.raises(manifest.MissingOutput, match="add 'fetch' to the flow's stages"):
+        manifest.cached_output(tmp_path, "hub", {"repo": "b"}, build, reuse_only=True, asked_as="fetch")
+    assert len(built) == 1
+    other = manifest.cached_output(tmp_path, "tokenize", {"corpus": "b"}, build)
+    assert not other.cached and other.directory != first.directory and len(built) == 2

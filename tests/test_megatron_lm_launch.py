@@ -8,7 +8,7 @@ import pytest
 
 from pretrain.presets import SpecError, load_spec
 from blocks.cluster import SlurmCluster
-from tasks.dry_run import render_files
+from flows.dry_run import render_files
 from jobs.node import Command
 from jobs.slurm import JobRequest, slurm_parameters
 from render.megatron_lm import in_container

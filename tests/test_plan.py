@@ -19,6 +19,7 @@ from deployments import stack
 from flows.plan import plan, plan_table
 from flows.pretrain import run_stages
 from pretrain.presets import load_spec
+from flows.stages import BACKEND_STAGES, STAGE_NAMES, to_run
 from test_formats import ASSETS
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -133,6 +134,40 @@ def test_a_stage_named_that_the_backend_has_no_job_for_is_refused_before_anythin
     assert not (tmp_path / "root").exists()
     skipped = {row.stage: row.reason for row in plan(spec) if row.action == "skip"}
     assert skipped[refused.split()[0]] in str(raised.value)  # the plan's reason, word for word
+
+
+@pytest.mark.pure
+def test_every_backend_runs_the_runbooks_stages_in_one_order_each_a_whole_value():
+    """The flow, the plan and render walk each backend's list: all six stages, in the runbook's
+    order, and every stage that can run has its task, its plan and (but fetch, whose sources the
+    spec lists) its files; a stage the backend has no job for says what does its work."""
+    for kind, stages in BACKEND_STAGES.items():
+        assert tuple(stage.name for stage in stages) == STAGE_NAMES, kind
+        for stage in stages:
+            if stage.run is None:
+                assert stage.plan is None and stage.render is None, (kind, stage.name)
+            else:
+                assert stage.plan is not None and (stage.render is not None or stage.name == "fetch"), (kind, stage.name)
+            assert set(stage.needs) <= set(STAGE_NAMES[:STAGE_NAMES.index(stage.name)]), (kind, stage.name)
+
+
+@pytest.mark.pure
+@pytest.mark.parametrize("preset, overrides, selected, runs", [
+    # a stage left out but read by one that runs hands on its output (reuse-only); others do not run
+    ("tiny-local", [], {"fetch"}, [("fetch", False)]),
+    ("tiny-local", [], {"precompile"}, [("fetch", True), ("tokenize", True), ("precompile", False)]),
+    ("tiny-local", [], {"train"}, [("fetch", True), ("tokenize", True), ("train", False)]),
+    ("llama3-70b", ["model.init_from=/ckpt"], {"train"}, [("fetch", True), ("tokenize", True), ("convert", True),
+                                                      ("train", False)]),
+    ("llama3-70b", [], {"precompile", "train"}, [("fetch", True), ("tokenize", True), ("precompile", False),
+                                                ("train", False)]),
+    ("gpt3-7.5b-gpu", [], {"image"}, [("image", False)]),
+    ("gpt3-7.5b-gpu", [], {"train"}, [("fetch", True), ("tokenize", True), ("image", True), ("train", False)]),
+    ("llama3-8b-gpu", [], set(STAGE_NAMES), [("fetch", False), ("train", False)]),
+])
+def test_a_run_of_some_stages_runs_them_and_hands_on_what_they_read(tmp_path, preset, overrides, selected, runs):
+    spec = load_spec(preset, [*local_inputs(tmp_path), *overrides])
+    assert [(stage.name, reuse_only) for stage, reuse_only in to_run(spec, selected)] == runs
 
 
 def test_a_plan_without_the_hub_tokens_secret_block_says_so_in_one_line(tmp_path, capsys):

@@ -22,7 +22,7 @@ from jobs.slurm import slurm_parameters
 from render.nxdt import torchrun_command
 from render.nxdt_scripts import CONFIG_NAME, precompile_script
 from render.shell import shell_line
-from tasks.dry_run import render_files
+from flows.dry_run import render_files
 from tasks.precompile import (attempt_record, compile_rows, failure_message, precompile_neuron, precompile_request,
                               retry_plan)
 

@@ -18,7 +18,7 @@ from render.job_end import megatron_exit_duration_min, nxdt_max_time, signal_del
 from render.megatron_lm import pretrain_gpt_args
 from render.nxdt import nxdt_config
 from tasks.runs import run_key_inputs
-from tasks.dry_run import render_files
+from flows.dry_run import render_files
 from trainer.run_layout import MARKER, step_dir
 
 pytestmark = pytest.mark.pure

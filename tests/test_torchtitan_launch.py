@@ -17,7 +17,7 @@ from pretrain.presets import SpecError, load_spec
 from pretrain.spec import TORCHTITAN_FLAVOURS, TORCHTITAN_PUBLISHED, TORCHTITAN_ROPE_THETA, RopeScaling, flavour_overrides
 from trainer import torchtitan_configs
 from render.torchtitan import metrics_rank, torchrun_command, train_args
-from tasks.dry_run import render_files
+from flows.dry_run import render_files
 
 pytestmark = pytest.mark.pure
 

@@ -7,7 +7,6 @@ import json
 from pathlib import Path
 from typing import Any
 
-import submitit
 import yaml
 from prefect import task
 from prefect.artifacts import create_markdown_artifact
@@ -17,44 +16,17 @@ from blocks.cluster import SlurmCluster
 from blocks.kubernetes import KubernetesCluster, runbook_cluster
 from tasks.executor import KUBERNETES_PREFIX, load_kubernetes_block
 from jobs.node import Command
-from jobs.slurm import MissingClusterBlock, job_folder, load_cluster_block, slurm_parameters, stage_request
+from jobs.slurm import MissingClusterBlock, load_cluster_block
 from pretrain.hub_refs import with_local_values
 from pretrain.checkpoint_interval import planned
 from pretrain.spec import PretrainSpec
-from render import image, kubernetes, megatron_lm, native, nxdt, torchtitan
-from render.convert_command import convert_command
+from render import kubernetes, megatron_lm, native, torchtitan
 from render.hub_downloads import hub_downloads, hub_placeholders
-from render.job_end import signal_delay_s
 from render.dataset_files import arrow_output, tokenizer_paths
-from render.megatron_lm import in_container
-from render.nxdt_scripts import CONFIG_NAME, precompile_script, train_script
-from render.shell import shell_line
+from flows.stage_files import DATASET, FETCHED, TRAIN_RUN
 from render.tokenize_command import tokenize_command
 from tasks.artifacts import artifact_key
-from trainer.run_layout import checkpoint_dir
-
-# Where outputs of earlier stages will be; the real paths are content-addressed at run time.
-FETCHED, DATASET, CONVERTED = "<fetch-output>", "<tokenize-output>", "<convert-output>"
-TRAIN_RUN = "<train-run>"
-PRECOMPILE_DIR = "<precompile-dir>"
-IMAGE_DIR = "<image-output>"
-
-
-def _shell(argv: list[str]) -> str:
-    return shell_line(argv) + "\n"
-
-
-def _exports(env: dict[str, str]) -> str:
-    return "".join(f"export {k}={v}\n" for k, v in env.items())
-
-
-def _sbatch(spec: PretrainSpec, cluster: SlurmCluster, name: str, **shape: Any) -> str:
-    """The batch script submitit will write for this stage's job on this cluster (the command
-    itself travels pickled beside it; the stage's .sh file shows it)."""
-    request = stage_request(spec, name, Command(["true"]), **shape)
-    folder = job_folder(spec, cluster) / "<job>"
-    return submitit.slurm.slurm._make_sbatch_string(command=f"python -u -m submitit.core._submit {folder}",
-                                                    folder=folder, **slurm_parameters(cluster, request))
+from flows.stages import stages_of
 
 
 def _manifest(body: dict[str, Any]) -> str:
@@ -107,63 +79,17 @@ def render_files(spec: PretrainSpec, cluster: SlurmCluster | KubernetesCluster |
         files = render_files(spec, SlurmCluster(executor="slurm"))
         return {**{k: v for k, v in files.items() if not k.startswith("sbatch_")},
                 **kubernetes_files(planned(spec), cluster, files)}
-    site = cluster = cluster or SlurmCluster(executor="slurm")
+    site = cluster or SlurmCluster(executor="slurm")
     files = {"spec.yaml": yaml.safe_dump(json.loads(spec.model_dump_json()), sort_keys=False)}
     spec = planned(spec)  # the first job's launch: checkpoint_interval=auto as the spec alone gives it
     if downloads := hub_downloads(spec, FETCHED):
         files["hub_downloads.txt"] = downloads
         # the stages after fetch read the Hub's files from the shared disk, never a URI
         spec = with_local_values(spec, hub_placeholders(spec))
-    tokenizer = {flag: str(path) for flag, path in tokenizer_paths(spec, Path(FETCHED)).items()}
-    if spec.backend.kind != "torchtitan":  # torchtitan tokenizes as it loads
-        files["tokenize.sh"] = _shell(tokenize_command(spec, [FETCHED], f"{DATASET}/data", tokenizer,
-                                                       shard=None if arrow_output(spec) else "$SHARD/$SHARDS"))
-    if spec.backend.kind == "neuron":
-        init = CONVERTED if spec.model.init_from else None
-        if spec.model.init_from:
-            files["convert.sh"] = _shell(convert_command(spec, spec.model.init_from, CONVERTED))
-        data = DATASET if spec.model.family == "llama" else f"{DATASET}/data_text_document"
-        files["nxdt_config.yaml"] = nxdt.config_yaml(nxdt.nxdt_config(spec, data, init))
-        files["train_env.sh"] = _exports(nxdt.train_environment())
-        files["torchrun.sh"] = _shell(nxdt.torchrun_command(spec, CONFIG_NAME))
-        files["precompile.sh"] = precompile_script(spec, f"{PRECOMPILE_DIR}/conf", f"{PRECOMPILE_DIR}/attempt",
-                                                   retry_failed=False)
-        files["train.sh"] = train_script(spec, Path(TRAIN_RUN), cache_url=None)
-    elif spec.backend.kind == "native":
-        # the tokenizer's end-of-document id is looked up when the run is submitted
-        config = native.train_config(spec, dataset=f"{DATASET}/data_text_document", run_dir=TRAIN_RUN, eod_id=0)
-        files["train.json"] = json.dumps(config, indent=2) + "\n"
-        files["train_env.sh"] = _exports(native.environment(spec))
-        files["torchrun.sh"] = _shell(native.torchrun_command(spec, f"{TRAIN_RUN}/train.json",
-                                                              f"{TRAIN_RUN}/record.json"))
-    elif spec.backend.kind == "megatron-lm":
-        built = spec.backend.megatron_lm and spec.backend.megatron_lm.image
-        if built:
-            files["Containerfile"] = image.installed_containerfile(built)
-            files["build_image.sh"] = image.build_script(
-                built, image.image_tag(spec.name, "<key>"), f"{IMAGE_DIR}/context", f"{IMAGE_DIR}/{image.SQUASHFS}",
-                f"{IMAGE_DIR}/record.json")
-        files["train_env.sh"] = _exports(megatron_lm.environment())
-        files["torchrun.sh"] = _shell(megatron_lm.torchrun_command(spec, f"{DATASET}/data_text_document",
-                                                                str(checkpoint_dir(TRAIN_RUN))))
-        cluster = in_container(cluster, spec, f"{IMAGE_DIR}/{image.SQUASHFS}" if built else None)
-    elif spec.backend.kind == "torchtitan":
-        files["train_env.sh"] = _exports(torchtitan.environment(spec))
-        files["torchrun.sh"] = _shell(torchtitan.torchrun_command(spec, str(torchtitan.loader_dir(Path(TRAIN_RUN))),
-                                                                  TRAIN_RUN, spec.model.init_from))
-    # One batch script per job the run submits, shaped as the tasks shape them.
-    if "tokenize.sh" in files:
-        files["sbatch_tokenize.sh"] = _sbatch(spec, site, "tokenize-<i>-of-<n>", nodes=1, gpus_per_node=None,
-                                              exclusive=False)
-    if "convert.sh" in files:
-        files["sbatch_convert.sh"] = _sbatch(spec, site, f"{spec.name}-convert", nodes=1, gpus_per_node=None,
-                                             exclusive=False)
-    if "build_image.sh" in files:
-        files["sbatch_image.sh"] = _sbatch(spec, site, f"{spec.name}-image", nodes=1, gpus_per_node=None,
-                                           exclusive=False, time_limit_min=image.BUILD_TIME_LIMIT_MIN)
-    if spec.backend.kind == "neuron" or (spec.backend.kind == "native" and spec.backend.native.compile):
-        files["sbatch_precompile.sh"] = _sbatch(spec, site, f"{spec.name}-precompile")
-    files["sbatch_train.sh"] = _sbatch(spec, cluster, f"{spec.name}-train", signal_delay_s=signal_delay_s(spec))
+    # each stage's own files, with one batch script per job it submits, as its task shapes them
+    for stage in stages_of(spec):
+        if stage.render is not None and stage.why_not(spec) is None:
+            files |= stage.render(spec, site)
     return files
 
 
