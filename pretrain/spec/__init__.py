@@ -16,5 +16,5 @@ from pretrain.spec.pretrain_spec import PretrainSpec
 from pretrain.spec.torchtitan import (TORCHTITAN_FLAVOURS, TORCHTITAN_PUBLISHED, TORCHTITAN_ROPE_THETA, TorchtitanSpec,
                                       flavour_overrides)
 
-__all__ = ["TORCHTITAN_FLAVOURS", "TORCHTITAN_PUBLISHED", "TORCHTITAN_ROPE_THETA", "DataSource", "DataSpec", "ImageSpec",
-           "MegatronLMSpec", "PretrainSpec", "RopeScaling", "TorchtitanSpec", "flavour_overrides"]
+__all__ = ["TORCHTITAN_FLAVOURS", "TORCHTITAN_PUBLISHED", "TORCHTITAN_ROPE_THETA", "DataSource", "DataSpec",
+           "ImageSpec", "MegatronLMSpec", "PretrainSpec", "RopeScaling", "TorchtitanSpec", "flavour_overrides"]
