@@ -1,6 +1,6 @@
 """The rules a model's attention heads must meet, to be built and to be spread over
 tensor-parallel ranks: each exists here once, and every place that needs it asks it. The
-pipeline spec (pretrain/spec.py) asks before anything is queued; the trainer's config
+pipeline spec (pretrain/spec/) asks before anything is queued; the trainer's config
 (trainer/train/config.py) at start-up; the converter's layout (trainer/nxdt_layout.py) before it
 reads a tensor. Standard library only, so the node programs do not take in the spec's pydantic.
 
