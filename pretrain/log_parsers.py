@@ -546,13 +546,23 @@ def parse_log(text: str, stream: MetricsStream | None = None) -> MetricsStream:
 _RANK_ERROR = re.compile(r"^(?:\[\w+\]:)?\s*(?:what\(\):\s+(?P<what>\S.*)|(?P<raised>[\w.]*(?:Error|Exception): \S.*))$")
 
 
+# A program the node lacks, in the words of what could not start it: the shell
+# ("train.sh: line 35: torchrun: command not found", exit status 127), or the Python torchrun
+# hands the training script ("python: can't open file '/workspace/Megatron-LM/pretrain_gpt.py':
+# [Errno 2] No such file or directory").
+_MISSING_PROGRAM = re.compile(r"(?<=: )(?P<missing>[^:\s]+: command not found"
+                              r"|can't open file '[^']+': \[Errno 2\] No such file or directory)$")
+
+
 def rank_error(text: str) -> str | None:
     """The first error a rank printed in ``text`` (the root cause: what the others print after
-    it is their reaction), or None."""
+    it is their reaction), or the program it found missing, or None."""
     for line in text.splitlines():
         match = _RANK_ERROR.match(line.rstrip())
         if match and "ChildFailedError" not in line:
             return (match["what"] or match["raised"]).strip()
+        if missing := _MISSING_PROGRAM.search(line.rstrip()):
+            return missing["missing"]
     return None
 
 

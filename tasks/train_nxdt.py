@@ -31,7 +31,7 @@ from pretrain.spec import PretrainSpec
 from render.nxdt import config_yaml
 from render.nxdt_scripts import CONFIG_NAME, TRAIN_LOG, log_dir, node_command, node_name, train_config, train_script
 from tasks.artifacts import retryable
-from tasks.attempts import MetricsFollower, finish_run, run_attempts
+from tasks.attempts import AppendedLog, MetricsFollower, finish_run, run_attempts
 from tasks.runs import run_dir
 from trainer.run_layout import checkpoint_dir
 
@@ -67,16 +67,19 @@ def train_nxdt(spec: PretrainSpec, dataset: str, checkpoint: str | None = None,
     follower = MetricsFollower(spec, run / "node-0" / TRAIN_LOG, spec.training.steps,
                                n.hang_timeout_min * 60, devices_dir=run / "devices")
 
-    def prepare(attempt: int, launch: PretrainSpec) -> JobRequest:
+    def request(launch: PretrainSpec) -> JobRequest:
         resume = nxdt_newest(checkpoint_dir(log_dir(run)))
         if resume is not None:
-            logger.info("train attempt %d resumes from %s", attempt + 1, resume)
+            logger.info("the train job resumes from %s", resume)
         config = train_config(launch, dataset, checkpoint, resume)
         (run / "conf" / f"{CONFIG_NAME}.yaml").write_text(config_yaml(config))
         return stage_request(spec, f"{spec.name}-train", node_command(spec, script, run))
 
-    attempts = run_attempts(spec, cluster, follower, n.max_attempts_without_checkpoint, prepare, run,
-                            lambda: nxdt_step(checkpoint_dir(log_dir(run))))
+    # Every attempt appends to node 0's log (train.sh's tee -a): a failed attempt is named by the
+    # error its ranks printed there, where the job's end says only that train.sh exited non-zero.
+    appended = AppendedLog(run / "node-0" / TRAIN_LOG)
+    attempts = run_attempts(spec, cluster, follower, n.max_attempts_without_checkpoint, appended.submitting(request),
+                            run, lambda: nxdt_step(checkpoint_dir(log_dir(run))), explain=appended.explain)
     final = nxdt_newest(checkpoint_dir(log_dir(run)))
     return finish_run(spec, follower, attempts, attempts.finished,
                       compile_rows(run, spec.cluster.nodes), status="finished",
