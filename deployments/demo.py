@@ -22,7 +22,9 @@ from deployments import stack
 from pretrain.corpus import corpus_texts, write_jsonl
 from pretrain.presets import load_spec
 from pretrain.toy_tokenizers import llama3_style
+from tasks.artifacts import artifact_key
 
+PRESET = "tiny-local"
 BUCKET = "pretrain-demo"
 CREDENTIALS_BLOCK = "local-s3"
 
@@ -45,7 +47,7 @@ def seed_corpus(endpoint: str) -> None:
 
 def ensure_tokenizer() -> Path:
     """The tiny-local preset's tokenizer: a Llama-3-shaped BPE trained on the demo corpus."""
-    directory = Path(load_spec("tiny-local").tokenizer.path).expanduser()
+    directory = Path(load_spec(PRESET).tokenizer.path).expanduser()
     if not (directory / "tokenizer.json").exists():
         llama3_style(directory, corpus_texts())
     return directory
@@ -60,16 +62,25 @@ def save_credentials_block(endpoint: str, secret: str = "demo") -> None:
     ).save(CREDENTIALS_BLOCK, overwrite=True)
 
 
-def show_artifacts(flow_run_id) -> None:
+def show_artifacts(flow_run_id, spec_name: str) -> None:
+    """Print the flow run's artifacts in the order the stages published them, the run summary
+    last, so that the terminal ends with the results. The loss-points table (200 rows for the
+    demo's 400 steps) is named, not printed: the loss curve above it already shows its points."""
     from prefect import get_client
     from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId
 
     with get_client(sync_client=True) as client:
         artifacts = client.read_artifacts(
             artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run_id])))
-    for artifact in (a for a in artifacts if a.key):  # keyless ones are Prefect's result records
+    summary, points = artifact_key(spec_name, "run-summary"), artifact_key(spec_name, "loss-points")
+    # keyless ones are Prefect's result records
+    for artifact in sorted((a for a in artifacts if a.key), key=lambda a: (a.key == summary, a.created)):
         print(f"\nartifact {artifact.key} ({artifact.type}): {artifact.description}")
-        print(artifact_text(artifact.type, artifact.data))
+        if artifact.key == points:
+            print("  not printed: the loss curve above shows these points; every step's metrics are in the "
+                  "file named at the end")
+        else:
+            print(artifact_text(artifact.type, artifact.data))
 
 
 # An image inlined as a data URI (the loss curve's PNG: tens of KB of base64 on one line).
@@ -118,8 +129,14 @@ def main(inputs_only: bool = False, overrides: list[str] | None = None) -> int:
 
     # Each demo trains afresh: a second `make demo` shows training again, not the finished run it
     # would otherwise continue (training.continue_run), unless the overrides say otherwise.
-    state = pretrain(preset="tiny-local", overrides=["training.continue_run=false", *(overrides or [])],
-                     return_state=True)
-    show_artifacts(state.state_details.flow_run_id)
-    print(f"\npretrain flow: {state.name}; outputs: {state.result(raise_on_failure=False)}")
+    overrides = ["training.continue_run=false", *(overrides or [])]
+    spec = load_spec(PRESET, overrides)
+    state = pretrain(preset=PRESET, overrides=overrides, return_state=True)
+    show_artifacts(state.state_details.flow_run_id, spec.name)
+    outputs = state.result(raise_on_failure=False)
+    train = outputs.get("train") if isinstance(outputs, dict) else None
+    # The last line: the run's outcome and, for a run that trained, the whole table of its steps
+    # (the artifacts hold a downsample); else what the flow returned, a failure's message included.
+    print(f"\npretrain flow: {state.name}; "
+          + (f"every step's metrics: {Path(train['run_dir']) / 'metrics.jsonl'}" if train else f"outputs: {outputs}"))
     return 0 if state.is_completed() else 1

@@ -257,10 +257,13 @@ def _summary_line(points: list[dict]) -> str:
 
 
 def loss_curve_markdown(points: list[dict], title: str) -> str:
-    """The loss-curve artifact: the mermaid chart (drawn natively by Prefect's UI), the PNG (also
-    shown by older UIs, and sharper) and a one-line summary: steps, first/last/min loss, last
-    validation loss, and how many losses were NaN or infinite."""
-    sections = [f"### {title}"]
+    """The loss-curve artifact, the picture first: the PNG, a one-line summary (steps,
+    first/last/min loss, last validation loss, how many losses were NaN or infinite), then the
+    mermaid chart with its caption.
+
+    The PNG leads because every viewer shows it; the mermaid chart is a code block, which Prefect's
+    UI draws inside a code block's frame and a viewer without mermaid shows as source text."""
+    sections = [f"### {title}", f"![loss curve]({png_data_uri(points, title)})", _summary_line(points)]
     chart = mermaid_chart(points, title)
     if chart:
         caption = "train loss (blue): the highest per step range, so spikes keep their height"
@@ -268,7 +271,6 @@ def loss_curve_markdown(points: list[dict], title: str) -> str:
             caption += ("; validation loss (orange): its evaluations joined by straight lines, held "
                         "flat before the first")
         sections += [f"```mermaid\n{chart}\n```", f"_{caption}_"]
-    sections += [f"![loss curve]({png_data_uri(points, title)})", _summary_line(points)]
     return "\n\n".join(sections)
 
 

@@ -56,7 +56,7 @@ def _publish(key: str, kind: str, data: str, description: str) -> UUID:
 
 
 def publish_loss_curve(spec_name: str, points: list[dict]) -> None:
-    """The loss curve (``<spec>-loss-curve``, markdown: chart, PNG, summary) and its downsampled
+    """The loss curve (``<spec>-loss-curve``, markdown: PNG, summary, mermaid chart) and its downsampled
     points (``<spec>-loss-points``, table) from the metrics stream so far.
 
     Each call renders a PNG (about 0.1 s) and sends some tens of KB, so call it every few

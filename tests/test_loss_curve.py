@@ -290,7 +290,10 @@ def test_loss_curve_markdown_has_chart_image_and_summary():
     assert markdown.startswith("### demo: loss")
     assert "```mermaid\n---\nconfig:" in markdown and "xychart-beta" in markdown
     assert re.search(r"!\[loss curve\]\(data:image/png;base64,[A-Za-z0-9+/=]+\)", markdown)
-    summary = markdown.splitlines()[-1]
+    # the picture first: the PNG and its summary line come before the chart's code block, which a
+    # viewer without mermaid shows as source text
+    assert markdown.index("![loss curve](") < markdown.index("**steps**") < markdown.index("```mermaid")
+    summary = next(line for line in markdown.splitlines() if line.startswith("**steps**"))
     finite = [p for p in points if math.isfinite(p["loss"])]
     assert summary.startswith("**steps** 1–1000 (1000 logged)")
     assert f"first {finite[0]['loss']:.4g}" in summary and f"last {finite[-1]['loss']:.4g}" in summary

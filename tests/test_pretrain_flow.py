@@ -161,10 +161,20 @@ def test_demo_command_runs_the_flow_and_shows_the_fetch_artifact(local_stack, tm
                                out.stdout, re.MULTILINE))
     (warm_up, _), (train_compiled, train_hits) = (map(int, compiled[s].split(" | ")) for s in ("precompile", "train"))
     assert warm_up > 0 and train_compiled == 0 and train_hits > 0, compiled
+    # The terminal ends with the results: the run summary, then the file of every step's metrics;
+    # the loss-points table (200 rows in the demo's 400 steps) is named, not printed.
     points = out.stdout.split("artifact tiny-local-loss-points (table)", 1)[1].split("\n\n", 1)[0]
-    # no 17-digit floats: at most 4 significant digits (a learning rate of 0.002983 has 4)
-    numbers = re.findall(r"\d+\.\d+", points)
-    assert numbers and all(len(n.replace(".", "").strip("0")) <= 4 for n in numbers), points
+    assert "not printed" in points and "| loss |" not in points, points
+    last_artifact = out.stdout.rsplit("\nartifact ", 1)[1]
+    assert last_artifact.startswith("tiny-local-run-summary (markdown)"), out.stdout[-3000:]
+    ending = re.fullmatch(r"pretrain flow: Completed; every step's metrics: (\S+)", out.stdout.splitlines()[-1])
+    assert ending, out.stdout[-3000:]
+    records = [json.loads(line) for line in Path(ending[1]).read_text().splitlines()]
+    assert sorted({r["step"] for r in records if "loss" in r}) == list(range(1, 11))
+    # no 17-digit floats (the flow's return value had them): what it prints is rounded for reading
+    numbers = re.findall(r"\d+\.\d+", out.stdout)
+    assert numbers and all(len(n.replace(".", "").strip("0")) <= 6 for n in numbers), \
+        [n for n in numbers if len(n.replace(".", "").strip("0")) > 6]
 
 
 def test_demo_starts_the_ephemeral_server_without_its_telemetry_service():
