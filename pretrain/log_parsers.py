@@ -549,9 +549,11 @@ _RANK_ERROR = re.compile(r"^(?:\[\w+\]:)?\s*(?:what\(\):\s+(?P<what>\S.*)|(?P<ra
 # A program the node lacks, in the words of what could not start it: the shell
 # ("train.sh: line 35: torchrun: command not found", exit status 127), or the Python torchrun
 # hands the training script ("python: can't open file '/workspace/Megatron-LM/pretrain_gpt.py':
-# [Errno 2] No such file or directory").
+# [Errno 2] No such file or directory"), or the node script's own check before its launch
+# ("pretrain: no program at /workspace/Megatron-LM/pretrain_gpt.py: ...", render/shell.py).
 _MISSING_PROGRAM = re.compile(r"(?<=: )(?P<missing>[^:\s]+: command not found"
-                              r"|can't open file '[^']+': \[Errno 2\] No such file or directory)$")
+                              r"|can't open file '[^']+': \[Errno 2\] No such file or directory"
+                              r"|no program at [^:\s]+: .+)$")
 
 
 def rank_error(text: str) -> str | None:

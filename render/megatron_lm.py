@@ -12,7 +12,7 @@ from pretrain.spec import MegatronLMSpec, PretrainSpec
 from render.dataset_files import blend, gpt2_bpe_files
 from render.job_end import megatron_exit_duration_min
 from render.monitor import monitor_command
-from render.shell import shell_line
+from render.shell import require_program, shell_line
 from trainer.run_layout import checkpoint_dir
 
 if TYPE_CHECKING:  # a Prefect block; rendering only copies it
@@ -126,7 +126,10 @@ def node_command(spec: PretrainSpec, dataset: str, run: Path) -> Command:
     """Each node's torchrun line, its output kept in the run directory (pipefail: the line's
     exit status is torchrun's, not tee's), the device sampler beside it."""
     line = shell_line(torchrun_command(spec, dataset, str(checkpoint_dir(run))))
-    return Command(["bash", "-c", f"set -o pipefail; {line} 2>&1 | tee -a {shlex.quote(str(run))}/node-$NODE_RANK.log"],
+    log = f"{shlex.quote(str(run))}/node-$NODE_RANK.log"
+    guard = require_program(PRETRAIN_GPT, "the job runs in an image with Megatron-LM at /workspace/Megatron-LM, as "
+                            "the runbooks' Dockerfile puts it (backend.megatron_lm.image or container_image)", log)
+    return Command(["bash", "-c", f"set -o pipefail; {guard}; {line} 2>&1 | tee -a {log}"],
                    env=environment(), sidecar=monitor_command(spec, str(run)))
 
 

@@ -11,7 +11,7 @@ from jobs.node import Command
 from pretrain.spec import PretrainSpec
 from render import nxdt
 from render.monitor import monitor_command
-from render.shell import node_path, shell_line, shell_word
+from render.shell import node_path, require_program, shell_line, shell_word
 
 CONFIG_NAME = "nxdt_config"  # conf/<name>.yaml; train's torchrun line names the same config
 NPC_LOG = "npc.log"  # precompile's log in each node's directory
@@ -61,6 +61,8 @@ def node_script(spec: PretrainSpec, what: str, env: dict[str, str], config_dir: 
         f'ln -sfn {shell_word(examples + "/training_orchestrator.py")} "$node_dir/training_orchestrator.py"',
         f'ln -sfn {shell_word(config_dir)} "$node_dir/conf"',
         'cd "$node_dir"',
+        require_program(examples + "/training_orchestrator.py",
+                        "backend.neuron.examples_dir names the examples/ of NxD Training's checkout on the nodes", log),
         f"{shell_line(command)} 2>&1 | tee -a {log}",
     ]
     return "\n".join(lines) + "\n"

@@ -369,6 +369,8 @@ def test_tiny_local_run_publishes_every_artifact_and_the_ui_draws_the_loss_curve
     first, last = chart.lines[0].points[0], chart.lines[0].points[-1]
     assert points[-1]["loss"] < points[0]["loss"] and last[1] > first[1]
     assert 'src="data:image/png;base64,' in dom
+    # the picture first: the PNG comes before any code block (the UI draws the mermaid chart inside a <pre>)
+    assert dom.index('src="data:image/png;base64,') < dom.index("<pre")
     assert png.stat().st_size > 10_000
 
 

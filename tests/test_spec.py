@@ -273,3 +273,13 @@ def test_overrides_parse_yaml_values():
     data = apply_overrides({"a": {"b": 1}}, ["a.b=null", "a.c=[1, 2]", "d.e=true"])
     assert data == {"a": {"b": None, "c": [1, 2]}, "d": {"e": True}}
     assert load_spec("tiny-local", ["training.train_steps=null", "training.train_samples=640"]).training.train_samples == 640
+
+
+def test_a_backend_kind_without_its_settings_names_the_section_to_add():
+    """Switching backend.kind alone leaves the backend's section empty: the spec says which to add
+    (torchtitan's read its missing flavour as an AttributeError before)."""
+    with pytest.raises(SpecError, match=r"backend.torchtitan is required for backend.kind=torchtitan "
+                                        r"\(at least backend.torchtitan.flavour: one of debugmodel, 1B"):
+        load_spec("tiny-local", ["backend.kind=torchtitan"])
+    with pytest.raises(SpecError, match=r"backend.neuron is required for backend.kind=neuron"):
+        load_spec("tiny-local", ["backend.kind=neuron"])

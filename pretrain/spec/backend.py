@@ -10,7 +10,7 @@ from pretrain.spec.megatron_lm import MegatronLMSpec, check_megatron_lm
 from pretrain.spec.native import NativeSpec, check_native
 from pretrain.spec.nxdt import NeuronSpec, check_nxdt
 from pretrain.spec.strict import Strict
-from pretrain.spec.torchtitan import TorchtitanSpec, check_torchtitan
+from pretrain.spec.torchtitan import TORCHTITAN_FLAVOURS, TorchtitanSpec, check_torchtitan
 
 if TYPE_CHECKING:
     from pretrain.spec.pretrain_spec import PretrainSpec
@@ -42,6 +42,9 @@ class BackendSpec(Strict):
         if self.kind == "neuron" and self.neuron is None:
             raise ValueError("backend.neuron is required for backend.kind=neuron "
                              "(at least backend.neuron.instance_type: trn1 or trn2)")
+        if self.kind == "torchtitan" and self.torchtitan is None:
+            raise ValueError("backend.torchtitan is required for backend.kind=torchtitan "
+                             f"(at least backend.torchtitan.flavour: one of {', '.join(TORCHTITAN_FLAVOURS)})")
         return self
 
 
