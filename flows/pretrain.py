@@ -39,7 +39,8 @@ from tasks.precompile import precompile_native, precompile_neuron
 from tasks.preflight import preflight
 from tasks.dry_run import publish_rendered
 from render.nxdt import check_model_config
-from jobs.slurm import FlowRunCancelled, jobs_of_this_flow_run, raise_if_cancelled
+from jobs.contract import FlowRunCancelled, raise_if_cancelled
+from jobs.slurm import jobs_of_this_flow_run
 from tasks.tokenize import tokenize
 from tasks.train import train
 from tasks.train_artifacts import publish_run_summary

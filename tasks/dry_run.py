@@ -17,7 +17,8 @@ from blocks.cluster import SlurmCluster
 from blocks.kubernetes import KubernetesCluster, runbook_cluster
 from tasks.executor import KUBERNETES_PREFIX, load_kubernetes_block
 from jobs.node import Command
-from jobs.slurm import MissingClusterBlock, job_folder, load_cluster_block, slurm_parameters, stage_request
+from jobs.contract import MissingClusterBlock, stage_request
+from jobs.slurm import job_folder, load_cluster_block, slurm_parameters
 from pretrain.hub_refs import with_local_values
 from pretrain.checkpoint_interval import planned
 from pretrain.spec import PretrainSpec

@@ -24,8 +24,8 @@ from blocks.cluster import SlurmCluster
 from jobs.node import Command
 from jobs.nodes import gres_gpus, parse_partition
 from jobs.pending import WAITING_LOG_EVERY_S, QueueWatch, never_runs, queue_reason
-from jobs.slurm import (ClusterMismatch, JobRequest, SlurmJobFailed, SubmissionRefused, local_refusal, run_job,
-                        slurm_parameters, submit)
+from jobs.contract import ClusterMismatch, JobFailed, JobRequest
+from jobs.slurm import SubmissionRefused, local_refusal, run_job, slurm_parameters, submit
 from pretrain.presets import load_spec
 from tasks.artifacts import retryable
 from tasks.preflight import PreflightFailed, preflight, probe
@@ -246,7 +246,7 @@ def test_a_job_its_partition_can_never_run_fails_with_the_reason(local_stack, tm
 
     with partition(name, "State=DOWN"):
         started = time.monotonic()
-        with pytest.raises(SlurmJobFailed) as info:
+        with pytest.raises(JobFailed) as info:
             run_job(JobRequest("never", Command(["true"]), time_limit_min=2),
                     SlurmCluster(executor="slurm", partition=name), tmp_path, poll_s=0.5, on_submit=shrink)
         waited = time.monotonic() - started
