@@ -186,6 +186,37 @@ def multi_node_options(nodes: int) -> dict[str, int]:
     return {"wait_all_nodes": 1} if nodes > 1 else {}
 
 
+def sbatch_options(params: dict[str, Any]) -> list[str]:
+    """The ``#SBATCH`` lines of :func:`slurm_parameters`, as submitit writes them into the batch
+    script: a parameter's name is sbatch's long option with ``-`` for ``_``, True a bare flag, the
+    stop signal ``--signal=USR2@<signal_delay_s>``; sorted, as submitit sorts them."""
+    options = {k: v for k, v in params.items() if k not in ("setup", "srun_args", "signal_delay_s",
+                                                            "additional_parameters")}
+    options |= {"signal": f"{submitit.JobEnvironment.USR_SIG}@{params['signal_delay_s']}",
+                **params["additional_parameters"]}
+    flags = {key: f"#SBATCH --{key.replace('_', '-')}" for key in options}
+    return [flags[key] if value is True else f"{flags[key]}={shlex.quote(str(value))}"
+            for key, value in sorted(options.items())]
+
+
+def batch_script(cluster: SlurmCluster, request: JobRequest, folder: Path) -> str:
+    """The batch script of ``request`` on ``cluster`` with its job folder ``folder``, from the very
+    parameters a submission hands submitit: its options, the block's env and setup lines, and the
+    srun step with its arguments (the pyxis container, ``--export=ALL``), which starts submitit's
+    runner of the job's pickled command on every task. The dry run shows it; submitit adds its
+    own bookkeeping options (``--open-mode``, ``--wckey``)."""
+    params, paths = slurm_parameters(cluster, request), submitit.core.utils.JobPaths(folder)
+    # each task's output (%j: the job id, %t: the task's rank); the batch script's own, task 0's
+    stdout, stderr = str(paths.stdout), str(paths.stderr)
+    logs = {"output": stdout.replace("%t", "0"), "error": stderr.replace("%t", "0")}
+    srun = ["srun", "--unbuffered", "--output", stdout, "--error", stderr, *params["srun_args"]]
+    runner = f"{cluster.python or 'python'} -u -m <submitit-runner> {shlex.quote(str(paths.folder))}"
+    lines = ["#!/bin/bash", "", "# Parameters", *sbatch_options({**params, **logs}), "", "# setup", *params["setup"],
+             "", "# command: submitit's runner, in every task, runs the job's pickled command from its folder",
+             f"{shlex.join(srun)} {runner}"]
+    return "\n".join(lines) + "\n"
+
+
 # ---------------------------------------------------------------- what this host or Slurm refuses
 
 def host_free_bytes() -> int:

@@ -7,7 +7,6 @@ import json
 from pathlib import Path
 from typing import Any
 
-import submitit
 import yaml
 from prefect import task
 from prefect.artifacts import create_markdown_artifact
@@ -18,7 +17,7 @@ from blocks.kubernetes import KubernetesCluster, runbook_cluster
 from tasks.executor import KUBERNETES_PREFIX, load_kubernetes_block
 from jobs.node import Command
 from jobs.contract import MissingClusterBlock, stage_request
-from jobs.slurm import job_folder, load_cluster_block, slurm_parameters
+from jobs.slurm import batch_script, job_folder, load_cluster_block
 from pretrain.hub_refs import with_local_values
 from pretrain.checkpoint_interval import planned
 from pretrain.spec import PretrainSpec
@@ -50,12 +49,10 @@ def _exports(env: dict[str, str]) -> str:
 
 
 def _sbatch(spec: PretrainSpec, cluster: SlurmCluster, name: str, **shape: Any) -> str:
-    """The batch script submitit will write for this stage's job on this cluster (the command
-    itself travels pickled beside it; the stage's .sh file shows it)."""
+    """The batch script of this stage's job on this cluster (the command itself travels pickled
+    beside it; the stage's .sh file shows it)."""
     request = stage_request(spec, name, Command(["true"]), **shape)
-    folder = job_folder(spec, cluster) / "<job>"
-    return submitit.slurm.slurm._make_sbatch_string(command=f"python -u -m submitit.core._submit {folder}",
-                                                    folder=folder, **slurm_parameters(cluster, request))
+    return batch_script(cluster, request, job_folder(spec, cluster) / "<job>")
 
 
 def _manifest(body: dict[str, Any]) -> str:

@@ -11,7 +11,6 @@ import textwrap
 import time
 
 import pytest
-import submitit
 from prefect import flow, get_client, task
 from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
 
@@ -21,8 +20,8 @@ from jobs.node import Command
 from jobs.nodes import expand_nodes
 from slurm_faults import PREEMPT_GRES, preempt
 from jobs.contract import JobFailed, JobRequest
-from jobs.slurm import (job_outcome, jobs_of_this_flow_run, parse_sacct, queue_state, run_array, run_job,
-                        slurm_parameters, submit, wait)
+from jobs.slurm import (batch_script, job_outcome, jobs_of_this_flow_run, parse_sacct, queue_state, run_array,
+                        run_job, slurm_parameters, submit, wait)
 
 SLURM = SlurmCluster(executor="slurm")
 LOCAL = SlurmCluster(executor="local")
@@ -82,7 +81,7 @@ def test_slurm_parameters_render_site_settings_and_never_submitits_default_time(
     assert params["exclude"] == "bad-1,bad-2"
     assert params["srun_args"] == ["--export=ALL", "--container-image=nvcr.io/nvidia/pytorch:25.01-py3",
                                    "--container-mounts=/fsx:/fsx"]
-    script = submitit.slurm.slurm._make_sbatch_string(command="x", folder=tmp_path, **params)
+    script = batch_script(cluster, request, tmp_path)
     for line in ("#SBATCH --time=720", "#SBATCH --nodes=16", "#SBATCH --partition=trn1",
                  "#SBATCH --account=ml", "#SBATCH --exclude=bad-1,bad-2", "#SBATCH --exclusive",
                  "#SBATCH --signal=USR2@300", "#SBATCH --constraint=trn1.32xlarge", "module load neuron"):
