@@ -18,7 +18,8 @@ from pathlib import Path
 
 from blocks.cluster import SlurmCluster
 from jobs.node import Command
-from jobs.slurm import JobRequest, SlurmJobFailed, run_array
+from jobs.contract import JobFailed, JobRequest
+from jobs.slurm import run_array
 
 
 def timed_shards(corpus: Path, tokenizer: Path, out: Path, shards: int, cpus: int) -> float:
@@ -30,7 +31,7 @@ def timed_shards(corpus: Path, tokenizer: Path, out: Path, shards: int, cpus: in
         for i in range(shards)]
     started = time.monotonic()
     outcomes = run_array(requests, SlurmCluster(executor="slurm"), out / "jobs", poll_s=0.2)
-    if any(isinstance(o, SlurmJobFailed) for o in outcomes):
+    if any(isinstance(o, JobFailed) for o in outcomes):
         raise SystemExit("\n".join(map(str, outcomes)))
     return time.monotonic() - started
 

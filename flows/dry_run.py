@@ -16,7 +16,8 @@ from blocks.cluster import SlurmCluster
 from blocks.kubernetes import KubernetesCluster, runbook_cluster
 from tasks.executor import KUBERNETES_PREFIX, load_kubernetes_block
 from jobs.node import Command
-from jobs.slurm import MissingClusterBlock, load_cluster_block
+from jobs.contract import MissingClusterBlock
+from jobs.slurm import load_cluster_block
 from pretrain.hub_refs import with_local_values
 from pretrain.checkpoint_interval import planned
 from pretrain.spec import PretrainSpec

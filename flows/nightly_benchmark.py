@@ -27,7 +27,7 @@ from flows.pretrain import run_stages
 from pretrain.benchmark import benchmark_overrides, check_thresholds, record_from_run, reused_stages
 from pretrain.presets import load_spec
 from tasks.benchmark import history_for, judge
-from jobs.slurm import FlowRunCancelled
+from jobs.contract import FlowRunCancelled
 
 
 class BenchmarkRegression(RuntimeError):

@@ -35,7 +35,8 @@ from tasks.fetch import fetch_hub_files
 from tasks.preflight import preflight
 from flows.dry_run import publish_rendered
 from render.nxdt import check_model_config
-from jobs.slurm import FlowRunCancelled, jobs_of_this_flow_run, raise_if_cancelled
+from jobs.contract import FlowRunCancelled, raise_if_cancelled
+from jobs.slurm import jobs_of_this_flow_run
 from flows.stages import STAGE_NAMES, StageName, refuse_not_run, to_run
 from tasks.train_artifacts import publish_run_summary
 

@@ -13,11 +13,10 @@ import json
 from pathlib import Path
 from typing import Any
 
-import submitit
-
 from blocks.cluster import SlurmCluster
 from jobs.node import Command
-from jobs.slurm import job_folder, slurm_parameters, stage_request
+from jobs.contract import stage_request
+from jobs.slurm import batch_script, job_folder
 from pretrain.spec import PretrainSpec
 from render import image, megatron_lm, native, nxdt, torchtitan
 from render.convert_command import convert_command
@@ -45,12 +44,10 @@ def _exports(env: dict[str, str]) -> str:
 
 
 def sbatch(spec: PretrainSpec, cluster: SlurmCluster, name: str, **shape: Any) -> str:
-    """The batch script submitit will write for this stage's job on this cluster (the command
-    itself travels pickled beside it; the stage's .sh file shows it)."""
+    """The batch script of this stage's job on this cluster (the command itself travels pickled
+    beside it; the stage's .sh file shows it)."""
     request = stage_request(spec, name, Command(["true"]), **shape)
-    folder = job_folder(spec, cluster) / "<job>"
-    return submitit.slurm.slurm._make_sbatch_string(command=f"python -u -m submitit.core._submit {folder}",
-                                                    folder=folder, **slurm_parameters(cluster, request))
+    return batch_script(cluster, request, job_folder(spec, cluster) / "<job>")
 
 
 def _one_node(spec: PretrainSpec, site: SlurmCluster, name: str, **shape: Any) -> str:

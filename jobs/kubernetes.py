@@ -1,13 +1,13 @@
 """The Kubernetes job layer: submit a stage's command as a Job, an Indexed Job or a PyTorchJob
-through the official client, follow it, and end it; the Slurm layer's counterpart behind the
-same calls (:func:`run_job`, :func:`run_array`).
+through the official client, follow it, and end it; the job contract (jobs/contract.py) on a
+KubernetesCluster block, as the Slurm layer is on a SlurmCluster (:class:`KubernetesBackend`).
 
 Everything that reads Kubernetes objects lives here. How a job ended is told in the words the
 tasks already understand, Slurm's: COMPLETED, FAILED with the container's exit code,
 OUT_OF_MEMORY for an OOMKilled container, PREEMPTED for a pod the scheduler preempted or the
 kubelet evicted (nothing the command did: a retry can succeed), TIMEOUT for a Job past its
 activeDeadlineSeconds, CANCELLED for one deleted; failures raise or return
-:class:`jobs.slurm.SlurmJobFailed` with the pod's reason, exit code, node and last log lines.
+:class:`jobs.contract.JobFailed` with the pod's reason, exit code, node and last log lines.
 """
 
 from __future__ import annotations
@@ -20,13 +20,13 @@ from pathlib import Path
 import time
 from collections import deque
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Protocol
+from typing import Any, Callable, Hashable, Iterable, Protocol
 
 from blocks.kubernetes import KubernetesCluster
+from jobs.contract import (LOG_TAIL_LINES, CancelWatch, FlowRunCancelled, JobFailed, JobRequest, exit_on_sigterm,
+                           new_lease, run_logger)
 from jobs.log_lines import LineSplitter
-from jobs.node import LEASE, Command, renew_lease
-from jobs.slurm import (LOG_TAIL_LINES, CancelWatch, FlowRunCancelled, JobRequest, SlurmJobFailed, _exit_on_sigterm,
-                        _logger)
+from jobs.node import Command, renew_lease
 
 KUBEFLOW_GROUP, KUBEFLOW_VERSION, PYTORCHJOBS = "kubeflow.org", "v1", "pytorchjobs"
 # The pods of a batch Job carry its name in this label (set by the Job controller); those of a
@@ -52,6 +52,11 @@ class KubernetesTarget:
     cluster: KubernetesCluster
     spec: Any
     nodelist: tuple[str, ...] = ()
+
+    @property
+    def node_mtbf_h(self) -> float | None:
+        """The site's per-node MTBF its block gives, if any, as a SlurmCluster block gives it."""
+        return self.cluster.node_mtbf_h
 
 
 @dataclass(frozen=True)
@@ -231,7 +236,8 @@ class KubernetesApi:
         self.serialize = api_client.sanitize_for_serialization
 
 
-def _commands(requests: list[JobRequest]) -> list[Command]:
+def pod_commands(requests: list[JobRequest]) -> list[Command]:
+    """The command lines the pods run, one per request, with the image's interpreter."""
     commands = [r.command for r in requests]
     if not all(isinstance(c, Command) for c in commands):
         raise TypeError("the Kubernetes job layer runs command lines (jobs.node.Command), not Python callables")
@@ -259,15 +265,13 @@ def submit(api: KubernetesApi, requests: list[JobRequest], target: KubernetesTar
            stage: str, manifests: Manifests) -> SubmittedJob:
     """Create the job of ``requests`` (one command each), its pods under a fresh lease in
     ``folder``/NAME/ when the block asks for one."""
-    name, commands, lease = manifests.job_name(requests[0].name), _commands(requests), None
+    name, commands, lease = manifests.job_name(requests[0].name), pod_commands(requests), None
     if target.cluster.lease_timeout_s:
-        lease = Path(folder) / name / LEASE
-        lease.parent.mkdir(parents=True, exist_ok=True)
-        lease.touch()
+        lease = new_lease(Path(folder) / name)
         commands = manifests.leased(commands, str(lease), target.cluster.lease_timeout_s)
     body = manifests.manifest_for(requests[0], target, commands, stage, name)
     meta = body["metadata"]
-    _exit_on_sigterm()  # a worker cancels a flow run with SIGTERM: unwind, so the job is deleted
+    exit_on_sigterm()  # a worker cancels a flow run with SIGTERM: unwind, so the job is deleted
     if body["kind"] == "PyTorchJob":
         api.custom.create_namespaced_custom_object(KUBEFLOW_GROUP, KUBEFLOW_VERSION, meta["namespace"], PYTORCHJOBS, body)
     else:
@@ -364,12 +368,12 @@ def _pods(api: KubernetesApi, job: SubmittedJob) -> list[tuple[str, PodOutcome]]
 
 def wait_all(api: KubernetesApi, jobs: list[SubmittedJob], names: list[str], poll_s: float = 5.0,
              max_wait_s: float | None = None, on_poll: Callable[[], None] | None = None,
-             on_line: Callable[[str, str], None] | None = None) -> list[PodOutcome | SlurmJobFailed]:
+             on_line: Callable[[str, str], None] | None = None) -> list[PodOutcome | JobFailed]:
     """Follow ``jobs`` to their ends, their pods' logs streamed into the task's log (and to
     ``on_line``, with the pod's name); a cancelled flow run deletes them and raises
     :class:`FlowRunCancelled`."""
-    logger = _logger()
-    outcomes: list[PodOutcome | SlurmJobFailed | None] = [None] * len(jobs)
+    logger = run_logger()
+    outcomes: list[PodOutcome | JobFailed | None] = [None] * len(jobs)
     deadline = None if max_wait_s is None else time.monotonic() + max_wait_s
     watch = CancelWatch()
     pending = list(range(len(jobs)))
@@ -387,14 +391,14 @@ def wait_all(api: KubernetesApi, jobs: list[SubmittedJob], names: list[str], pol
                     on_line(pod, line)
             if outcome.state:
                 pending.remove(i)
-                outcomes[i] = outcome if outcome.state == "COMPLETED" else SlurmJobFailed(
+                outcomes[i] = outcome if outcome.state == "COMPLETED" else JobFailed(
                     job.job_id, names[i], outcome.state, outcome.detail, list(job.logs.tail),
                     exit_code=outcome.exit_code, nodes=outcome.node, log_path=f"kubectl logs -n {job.namespace} "
                     f"-l {PYTORCHJOB_POD_LABEL if job.kind == 'PyTorchJob' else JOB_POD_LABEL}={job.name}")
         if pending and deadline is not None and time.monotonic() > deadline:
             for i in pending:
                 cancel(api, jobs[i])
-                outcomes[i] = SlurmJobFailed(jobs[i].job_id, names[i], "CANCELLED", f"no result after {max_wait_s:.0f} s",
+                outcomes[i] = JobFailed(jobs[i].job_id, names[i], "CANCELLED", f"no result after {max_wait_s:.0f} s",
                                              list(jobs[i].logs.tail))
             break
         if pending and (state := watch.cancelled()):
@@ -410,7 +414,7 @@ def wait_all(api: KubernetesApi, jobs: list[SubmittedJob], names: list[str], pol
             if on_poll is not None:
                 on_poll()
             time.sleep(poll_s)
-    return outcomes  # type: ignore[return-value]
+    return outcomes
 
 
 def run_job(request: JobRequest, target: KubernetesTarget, folder: Path, manifests: Manifests,
@@ -421,32 +425,32 @@ def run_job(request: JobRequest, target: KubernetesTarget, folder: Path, manifes
     succeeded, as the Slurm layer's Command returns it); the job never outlives this call."""
     api = KubernetesApi(target.cluster)
     job = submit(api, [request], target, folder, request.name, manifests)
-    _logger().info("submitted %s as %s %s", request.name, job.kind, job.job_id)
+    run_logger().info("submitted %s as %s %s", request.name, job.kind, job.job_id)
     if on_submit is not None:
         on_submit(job)
     try:
         (outcome,) = wait_all(api, [job], [request.name], poll_s, max_wait_s, on_poll)
     finally:
         cancel_if_running(api, job)
-    if isinstance(outcome, SlurmJobFailed):
+    if isinstance(outcome, JobFailed):
         raise outcome
     return [0] * request.nodes
 
 
 def run_array(requests: list[JobRequest], target: KubernetesTarget, folder: Path, manifests: Manifests,
               poll_s: float = 5.0, max_wait_s: float | None = None,
-              on_line: Callable[[str, str], None] | None = None) -> list[list[int] | SlurmJobFailed]:
+              on_line: Callable[[str, str], None] | None = None) -> list[list[int] | JobFailed]:
     """Same-shaped requests as one Indexed Job; every index's outcome (an index that failed is a
-    :class:`SlurmJobFailed`, the others ``[0]``)."""
+    :class:`JobFailed`, the others ``[0]``)."""
     api = KubernetesApi(target.cluster)
     job = submit(api, requests, target, folder, requests[0].name.split("-")[0], manifests)
-    _logger().info("submitted %d x %s as Indexed Job %s", len(requests), requests[0].name, job.job_id)
+    run_logger().info("submitted %d x %s as Indexed Job %s", len(requests), requests[0].name, job.job_id)
     try:
         (outcome,) = wait_all(api, [job], [requests[0].name], poll_s, max_wait_s, on_line=on_line)
         # an index the job lists as failed failed; a job ended as a whole (deleted, past its
         # deadline) failed every index that had not finished
         failed = (failed_indexes(_status(api, job) or {}) or set(range(len(requests)))
-                  if isinstance(outcome, SlurmJobFailed) else set())
+                  if isinstance(outcome, JobFailed) else set())
     finally:
         cancel_if_running(api, job)
     return [outcome if i in failed else [0] for i in range(len(requests))]  # type: ignore[misc]
@@ -479,3 +483,54 @@ def wait_gone(job: SubmittedJob, timeout_s: float, poll_s: float = 1.0) -> bool:
             return False
         time.sleep(poll_s)
     return True
+
+
+class KubernetesBackend:
+    """The job contract's :class:`jobs.contract.Backend` on a KubernetesCluster block, its
+    ``manifests`` handed in by the caller; its job handles are :class:`SubmittedJob`."""
+
+    # A run allowed fewer nodes goes on with fewer inside its PyTorchJob (elasticPolicy).
+    shrinks_by_resubmission = False
+
+    def __init__(self, manifests: Manifests):
+        self.manifests = manifests
+
+    def job_folder(self, spec: Any, cluster: KubernetesTarget) -> Path:
+        """Where the jobs' leases go (their logs are the pods': ``kubectl logs``)."""
+        return Path(spec.paths.root) / "jobs"
+
+    def run_job(self, request: JobRequest, cluster: KubernetesTarget, folder: Path, poll_s: float,
+                max_wait_s: float | None, on_poll: Callable[[], None] | None,
+                on_submit: Callable[[SubmittedJob], None] | None) -> list[Any]:
+        return run_job(request, cluster, folder, self.manifests, poll_s, max_wait_s, on_poll, on_submit)
+
+    def run_array(self, requests: list[JobRequest], cluster: KubernetesTarget, folder: Path, poll_s: float,
+                  max_wait_s: float | None,
+                  on_line: Callable[[Hashable, str], None] | None) -> list[list[Any] | JobFailed]:
+        """``on_line`` sees each line with the name of its pod (an Indexed Job's pods are its tasks)."""
+        return run_array(requests, cluster, folder, self.manifests, poll_s, max_wait_s, on_line)
+
+    def on_nodes(self, cluster: KubernetesTarget, nodes: Iterable[str]) -> KubernetesTarget:
+        """Node affinity for ``nodes``."""
+        return replace(cluster, nodelist=tuple(nodes))
+
+    def still_queued(self, cluster: KubernetesTarget, job_id: str) -> bool:
+        """A Kubernetes job is followed by the flow run that made it only: False."""
+        return False
+
+    def running(self, job: SubmittedJob) -> bool:
+        return job.running
+
+    def wait_gone(self, job: SubmittedJob, timeout_s: float) -> bool:
+        return wait_gone(job, timeout_s)
+
+    def nodes(self, job: SubmittedJob) -> list[str]:
+        return job.nodes
+
+    def failure_nodes(self, failure: JobFailed) -> list[str]:
+        return [node for node in failure.nodes.split(",") if node]
+
+    def lost_nodes(self, nodes: list[str]) -> set[str]:
+        """All of them: a pod evicted for a NoExecute taint (not ready, unreachable, out of
+        service) names its node alone."""
+        return set(nodes)

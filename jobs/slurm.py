@@ -1,39 +1,34 @@
-"""The Slurm job layer: submit a command through submitit, follow it, and end it.
+"""The Slurm job layer: submit a command through submitit, follow it, and end it; the job
+contract (jobs/contract.py) on a SlurmCluster block, or on submitit's local executor.
 
 Everything that knows about sbatch, sacct, squeue and scancel text lives in this module.
-Tasks call :func:`run_job`; it streams the job's log into the Prefect log while the job
-runs, fails promptly with the state, exit code and last log lines when Slurm ends the job,
-and cancels the job when the flow is cancelled or crashes.
+:func:`run_job` streams the job's log into the Prefect log while the job runs, fails promptly
+with the state, exit code and last log lines when Slurm ends the job, and cancels the job when
+the flow is cancelled or crashes; :class:`SlurmBackend` is what tasks/executor.py calls.
 """
 
 from __future__ import annotations
 
 import atexit
-import functools
 import logging
-import re
 import shlex
 import shutil
-import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 import uuid
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Hashable, Iterable
 
 import submitit
-from prefect import get_client
-from prefect.exceptions import MissingContextError
-from prefect.logging import get_run_logger
 from prefect.runtime import flow_run
-from prefect.states import Cancelled, State
 
 from blocks.cluster import SlurmCluster
+from jobs.contract import (LOG_TAIL_LINES, CancelWatch, ClusterMismatch, FlowRunCancelled, JobFailed, JobRequest,
+                           exit_on_sigterm, load_block, new_lease, run_logger)
 from jobs.log_lines import LineSplitter
 from jobs.node import LEASE, Leased, renew_lease
 from jobs.nodes import expand_nodes, unhealthy_nodes
@@ -50,66 +45,6 @@ TERMINAL_STATES = {
 # caller decides what runs next (the train task resubmits without the lost node), so such a job is
 # cancelled as it ends: scancel drops the requeue while the job completes, or ends the queued copy.
 REQUEUED_BY_SLURM = {"NODE_FAIL"}
-LOG_TAIL_LINES = 30
-# How often a follow loop asks the server whether its flow run was cancelled.
-CANCEL_CHECK_S = 5.0
-
-
-@dataclass(frozen=True)
-class JobRequest:
-    """What one job needs. ``time_limit_min`` has no default: submitit's is 5 minutes."""
-
-    name: str
-    command: Callable[[], Any]
-    time_limit_min: int
-    nodes: int = 1
-    tasks_per_node: int = 1
-    cpus_per_task: int | None = None
-    mem_gb: float | None = None
-    exclude: tuple[str, ...] = ()
-    # Seconds before the time limit at which Slurm sends USR2 to let a program checkpoint;
-    # 0 lets Slurm end the job at its limit with state TIMEOUT.
-    signal_delay_s: int = 0
-    # GPUs per node (--gpus-per-node), for jobs that train on NVIDIA GPUs; a cluster block's own
-    # gres setting takes their place.
-    gpus_per_node: int | None = None
-    # Whole nodes (--exclusive), unless the cluster block lets jobs share them: stage_request says
-    # which jobs ask.
-    exclusive: bool = False
-
-
-# The NxD Training runbooks launch every precompile and training job on trn1.32xlarge and
-# trn2.48xlarge alike as `sbatch --exclusive --nodes N --cpus-per-task 128 --wrap "srun ..."`
-# (AWS Neuron documentation, NxD Training tutorials: "Megatron GPT pretraining", "Llama3 70B
-# pretraining"; aws-samples/awsome-distributed-training 3.test_cases/pytorch/neuronx-distributed).
-TRAINIUM_CPUS_PER_TASK = 128
-
-
-def takes_whole_nodes(spec: Any) -> bool:
-    """Whether the training's jobs (precompile, train, and the preflight's probe shaped like them)
-    ask for whole nodes. A job on several nodes does: its ranks wait on each other, so one slowed
-    by a neighbour's job slows them all, as the runbooks' `--exclusive` avoids. A Trainium job
-    does on one node too: the runbooks' clusters do not schedule NeuronCores as GRES, so only a
-    whole node keeps another job off its devices. A one-node CPU or GPU job need not (Slurm's
-    GRES gives it its GPUs alone), and so shares nodes, as tiny-local's jobs share the local
-    stack's 2-CPU node with the suite's other jobs."""
-    return spec.cluster.nodes > 1 or spec.backend.trainium
-
-
-def stage_request(spec: Any, name: str, command: Callable[[], Any], **shape: Any) -> JobRequest:
-    """A job of one stage, shaped by the spec's cluster section (nodes, CPUs and memory per task,
-    time limit, the GPUs of a CUDA backend, whole nodes: :func:`takes_whole_nodes`, with the
-    runbooks' CPUs per task on Trainium unless the spec sets them); ``shape`` overrides (a one-node
-    job without GPUs on a shared node, a stop signal). Every task submits through
-    this, and the dry run renders its sbatch scripts through it."""
-    c, backend = spec.cluster, spec.backend
-    defaults = {"time_limit_min": c.time_limit_min, "nodes": c.nodes, "cpus_per_task": c.cpus_per_task,
-                "mem_gb": c.mem_gb, "gpus_per_node": c.devices_per_node if backend.cuda else None,
-                "exclusive": takes_whole_nodes(spec)}
-    request = {**defaults, **shape}
-    if request["cpus_per_task"] is None and request["exclusive"] and backend.trainium:
-        request["cpus_per_task"] = TRAINIUM_CPUS_PER_TASK
-    return JobRequest(name, command, **request)
 
 
 @dataclass(frozen=True)
@@ -119,63 +54,6 @@ class SacctRecord:
     exit_code: str
     nodes: str
     elapsed: str
-
-
-# The shell's exit statuses for a command it could not find (127) or not execute (126) (POSIX,
-# Shell Command Language, 2.8.2 "Exit Status for Commands"): a tool missing on the node, which a
-# second attempt on the same nodes meets again.
-_NOT_FOUND = re.compile(r"failed with exit code 12[67]\b")
-
-
-class SlurmJobFailed(RuntimeError):
-    """A job that Slurm (or the local executor) ended without a successful result.
-
-    ``retryable`` tells Prefect's retry condition (tasks/artifacts.py) whether another attempt can
-    end otherwise: not when the command was not found on the node, nor when Slurm would never start
-    the job; ``None`` derives it from ``detail``."""
-
-    def __init__(self, job_id: str, name: str, state: str, detail: str, log_tail: list[str],
-                 exit_code: str = "", nodes: str = "", log_path: str = "", retryable: bool | None = None):
-        self.job_id, self.name, self.state = job_id, name, state
-        self.exit_code, self.nodes, self.log_tail = exit_code, nodes, log_tail
-        self.retryable = not _NOT_FOUND.search(detail) if retryable is None else retryable
-        lines = [f"job {job_id} ({name}) ended {state}"
-                 + (f" with exit code {exit_code}" if exit_code else "")
-                 + (f" on {nodes}" if nodes else "")
-                 + (f": {detail}" if detail else "")]
-        if log_tail:
-            lines.append(f"last log lines ({log_path}):")
-            lines += [f"  {line}" for line in log_tail]
-        super().__init__("\n".join(lines))
-
-
-class FlowRunCancelled(RuntimeError):
-    """The flow run was cancelled (UI, API, CLI) while a job was followed; the jobs are cancelled."""
-
-    retryable = False
-
-
-def ends_cancelled(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """Under ``@task``, for the tasks that follow Slurm jobs: the task of a cancelled flow run ends
-    Cancelled, not Failed with a traceback, so the UI shows what happened. The task then returns
-    a Cancelled state instead of its output; :func:`raise_if_cancelled` turns it back into
-    :class:`FlowRunCancelled` for the flow."""
-
-    @functools.wraps(fn)
-    def task_body(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return fn(*args, **kwargs)
-        except FlowRunCancelled as cancelled:
-            return Cancelled(message=str(cancelled))
-
-    return task_body
-
-
-def raise_if_cancelled(output: Any) -> Any:
-    """A stage's output, or :class:`FlowRunCancelled` when its task ended Cancelled."""
-    if isinstance(output, State) and output.is_cancelled():
-        raise FlowRunCancelled(output.message)
-    return output
 
 
 # ---------------------------------------------------------------- Slurm text, parsed here only
@@ -308,14 +186,43 @@ def multi_node_options(nodes: int) -> dict[str, int]:
     return {"wait_all_nodes": 1} if nodes > 1 else {}
 
 
+def sbatch_options(params: dict[str, Any]) -> list[str]:
+    """The ``#SBATCH`` lines of :func:`slurm_parameters`, as submitit writes them into the batch
+    script: a parameter's name is sbatch's long option with ``-`` for ``_``, True a bare flag, the
+    stop signal ``--signal=USR2@<signal_delay_s>``; sorted, as submitit sorts them."""
+    options = {k: v for k, v in params.items() if k not in ("setup", "srun_args", "signal_delay_s",
+                                                            "additional_parameters")}
+    options |= {"signal": f"{submitit.JobEnvironment.USR_SIG}@{params['signal_delay_s']}",
+                **params["additional_parameters"]}
+    flags = {key: f"#SBATCH --{key.replace('_', '-')}" for key in options}
+    return [flags[key] if value is True else f"{flags[key]}={shlex.quote(str(value))}"
+            for key, value in sorted(options.items())]
+
+
+# The module submitit's Slurm executor runs in every task (submitit/slurm/slurm.py builds its srun
+# line with it); it loads the job's pickled command from the folder.
+SUBMITIT_RUNNER = "submitit.core._submit"
+
+
+def batch_script(cluster: SlurmCluster, request: JobRequest, folder: Path) -> str:
+    """The batch script of ``request`` on ``cluster`` with its job folder ``folder``, from the very
+    parameters a submission hands submitit: its options, the block's env and setup lines, and the
+    srun step with its arguments (the pyxis container, ``--export=ALL``), which starts submitit's
+    runner of the job's pickled command on every task. The dry run shows it; submitit adds its
+    own bookkeeping options (``--open-mode``, ``--wckey``)."""
+    params, paths = slurm_parameters(cluster, request), submitit.core.utils.JobPaths(folder)
+    # each task's output (%j: the job id, %t: the task's rank); the batch script's own, task 0's
+    stdout, stderr = str(paths.stdout), str(paths.stderr)
+    logs = {"output": stdout.replace("%t", "0"), "error": stderr.replace("%t", "0")}
+    srun = ["srun", "--unbuffered", "--output", stdout, "--error", stderr, *params["srun_args"]]
+    runner = f"{cluster.python or 'python'} -u -m {SUBMITIT_RUNNER} {shlex.quote(str(paths.folder))}"
+    lines = ["#!/bin/bash", "", "# Parameters", *sbatch_options({**params, **logs}), "", "# setup", *params["setup"],
+             "", "# command: submitit's runner, in every task, runs the job's pickled command from its folder",
+             f"{shlex.join(srun)} {runner}"]
+    return "\n".join(lines) + "\n"
+
+
 # ---------------------------------------------------------------- what this host or Slurm refuses
-
-class ClusterMismatch(ValueError):
-    """The spec asks for what the cluster cannot give (nodes, memory, a tool, a device): the same
-    answer every time."""
-
-    retryable = False
-
 
 def host_free_bytes() -> int:
     """Memory this host can give a new process without swapping (``MemAvailable``, proc(5))."""
@@ -381,14 +288,6 @@ def _cancel_active_jobs() -> None:
 atexit.register(_cancel_active_jobs)
 
 
-def _exit_on_sigterm() -> None:
-    """Make SIGTERM unwind the stack (finally blocks, atexit) instead of killing the process
-    outright; Prefect's flow engine installs its own handler that does the same."""
-    if (threading.current_thread() is threading.main_thread()
-            and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL):
-        signal.signal(signal.SIGTERM, lambda signum, _: sys.exit(128 + signum))
-
-
 def _job_dir(folder: Path, name: str) -> Path:
     return Path(folder) / f"{name}-{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:6]}"
 
@@ -411,9 +310,7 @@ def _leased(command: Callable[[], Any], cluster: SlurmCluster, job_dir: Path) ->
     this process die without cancelling (SIGKILL, a lost machine), the job cancels itself."""
     if not cluster.lease_timeout_s:
         return command
-    job_dir.mkdir(parents=True, exist_ok=True)
-    (job_dir / LEASE).touch()
-    return Leased(command, str(job_dir / LEASE), cluster.lease_timeout_s)
+    return Leased(command, str(new_lease(job_dir)), cluster.lease_timeout_s)
 
 
 def _renew_lease(job: submitit.Job) -> None:
@@ -484,7 +381,7 @@ def submit(request: JobRequest, cluster: SlurmCluster, folder: Path) -> submitit
     """
     job_dir = _job_dir(folder, request.name)
     executor = _executor(request, cluster, job_dir)
-    _exit_on_sigterm()
+    exit_on_sigterm()
     job = _sbatch(request.name, lambda: executor.submit(_leased(request.command, cluster, job_dir)))
     _active_jobs[job.job_id] = job
     _remember([request.name], [job])
@@ -495,7 +392,7 @@ def submit_array(requests: list[JobRequest], cluster: SlurmCluster, folder: Path
     """Submit same-shaped requests as one Slurm job array (one job each on the local executor)."""
     job_dir = _job_dir(folder, requests[0].name)
     executor = _executor(requests[0], cluster, job_dir)
-    _exit_on_sigterm()
+    exit_on_sigterm()
     jobs = _sbatch(requests[0].name,
                    lambda: executor.submit_array([_leased(r.command, cluster, job_dir) for r in requests]))
     _active_jobs.update({job.job_id: job for job in jobs})
@@ -505,11 +402,11 @@ def submit_array(requests: list[JobRequest], cluster: SlurmCluster, folder: Path
 
 def run_array(requests: list[JobRequest], cluster: SlurmCluster, folder: Path, poll_s: float = 2.0,
               max_wait_s: float | None = None, on_line: Callable[[int, str], None] | None = None,
-              ) -> list[list[Any] | SlurmJobFailed]:
+              ) -> list[list[Any] | JobFailed]:
     """Submit an array, follow every task, and return each one's results or failure; no array
     task outlives this call. ``on_line``: as in :func:`wait_all`."""
     jobs = submit_array(requests, cluster, folder)
-    _logger().info("submitted %d x %s as %s", len(jobs), requests[0].name, ", ".join(j.job_id for j in jobs))
+    run_logger().info("submitted %d x %s as %s", len(jobs), requests[0].name, ", ".join(j.job_id for j in jobs))
     try:
         return wait_all(jobs, [r.name for r in requests], poll_s=poll_s, max_wait_s=max_wait_s, on_line=on_line)
     finally:
@@ -554,43 +451,6 @@ class LogFollower:
         return lines
 
 
-def _logger() -> logging.Logger | logging.LoggerAdapter:
-    """The Prefect run's logger inside a flow or task (so job logs land in the UI), else a
-    plain one for scripts and tests."""
-    try:
-        return get_run_logger()
-    except MissingContextError:
-        return logging.getLogger(__name__)
-
-
-class CancelWatch:
-    """Notices that this flow run is Cancelling or Cancelled on the server.
-
-    Prefect ends a cancelled run by having its worker signal the flow process, which depends on
-    the worker's event subscription and leaves a flow started without a worker (`pretrain run`,
-    a script) running. Asking the server directly bounds the time a cancelled run's Slurm jobs
-    live to one check, with or without a worker.
-    """
-
-    def __init__(self, every_s: float = CANCEL_CHECK_S):
-        self.flow_run_id = flow_run.get_id()
-        self.every_s = every_s
-        self.next_check = time.monotonic() + every_s
-
-    def cancelled(self) -> str | None:
-        """The state's name when the run is being cancelled, checked at most every ``every_s``."""
-        if self.flow_run_id is None or time.monotonic() < self.next_check:
-            return None
-        self.next_check = time.monotonic() + self.every_s
-        try:
-            with get_client(sync_client=True) as client:
-                state = client.read_flow_run(self.flow_run_id).state
-        except Exception as exc:  # the server is briefly unreachable: the job goes on, check again
-            logging.getLogger(__name__).warning("could not read the flow run's state: %s", exc)
-            return None
-        return state.name if state is not None and (state.is_cancelling() or state.is_cancelled()) else None
-
-
 def _job_record(job: submitit.Job) -> tuple[SacctRecord | None, bool]:
     """The job's record now, and whether the job has ended (it will not run again).
 
@@ -612,13 +472,13 @@ def ended(record: SacctRecord) -> bool:
     return record.state in TERMINAL_STATES or record.state == "ENDED_UNKNOWN"
 
 
-def _outcome(job: submitit.Job, name: str, record: SacctRecord, follower: LogFollower) -> list[Any] | SlurmJobFailed:
+def _outcome(job: submitit.Job, name: str, record: SacctRecord, follower: LogFollower) -> list[Any] | JobFailed:
     """The per-task results of an ended job, or the failure that says why there are none."""
-    def failed(state: str, detail: str) -> SlurmJobFailed:
+    def failed(state: str, detail: str) -> JobFailed:
         if state == "NODE_FAIL" and (lost := sorted(unhealthy_nodes(expand_nodes(record.nodes)))):
             # The node list names every node of the job; Slurm's node states tell which one it lost.
             detail = "; ".join(filter(None, [f"lost node {', '.join(lost)}", detail]))
-        return SlurmJobFailed(job.job_id, name, state, detail, list(follower.tail),
+        return JobFailed(job.job_id, name, state, detail, list(follower.tail),
                               exit_code=record.exit_code, nodes=record.nodes, log_path=str(job.paths.stdout))
 
     if not isinstance(job, submitit.LocalJob) and not all(
@@ -641,20 +501,20 @@ def failure_reason(text: str) -> str:
 
 def wait_all(jobs: list[submitit.Job], names: list[str], poll_s: float = 2.0,
              max_wait_s: float | None = None, on_poll: Callable[[], None] | None = None,
-             on_line: Callable[[int, str], None] | None = None) -> list[list[Any] | SlurmJobFailed]:
+             on_line: Callable[[int, str], None] | None = None) -> list[list[Any] | JobFailed]:
     """Follow ``jobs`` (an array's tasks, say) to their ends, logging their output.
 
-    Returns, per job, its per-task results or the :class:`SlurmJobFailed` that ended it, so the
+    Returns, per job, its per-task results or the :class:`JobFailed` that ended it, so the
     caller can keep what succeeded and retry only what failed. ``on_poll`` runs once per poll
     while jobs are pending (progress reports, hang checks); an exception it raises ends the wait.
     ``on_line`` sees each log line as it is streamed, with the index of its job in ``jobs``.
     A cancelled flow run cancels the jobs and raises :class:`FlowRunCancelled`. A job Slurm keeps
     pending for a reason it will never satisfy is cancelled and ends as a non-retryable failure.
     """
-    logger = _logger()
+    logger = run_logger()
     followers = [LogFollower(job) for job in jobs]
     queue = [QueueWatch(job.job_id, name, logger) for job, name in zip(jobs, names)]
-    outcomes: list[list[Any] | SlurmJobFailed | None] = [None] * len(jobs)
+    outcomes: list[list[Any] | JobFailed | None] = [None] * len(jobs)
     deadline = None if max_wait_s is None else time.monotonic() + max_wait_s
     watch = CancelWatch()
 
@@ -682,12 +542,12 @@ def wait_all(jobs: list[submitit.Job], names: list[str], poll_s: float = 2.0,
             elif (not isinstance(jobs[i], submitit.LocalJob) and record is not None and record.state == "PENDING"
                   and (never := queue[i].pending())):
                 cancel(jobs[i])
-                outcomes[i] = SlurmJobFailed(jobs[i].job_id, names[i], "PENDING", never, [], retryable=False)
+                outcomes[i] = JobFailed(jobs[i].job_id, names[i], "PENDING", never, [], retryable=False)
                 pending.remove(i)
         if pending and deadline is not None and time.monotonic() > deadline:
             for i in pending:
                 cancel(jobs[i])
-                outcomes[i] = SlurmJobFailed(jobs[i].job_id, names[i], "CANCELLED",
+                outcomes[i] = JobFailed(jobs[i].job_id, names[i], "CANCELLED",
                                              f"no result after {max_wait_s:.0f} s", list(followers[i].tail),
                                              log_path=str(jobs[i].paths.stdout))
             break
@@ -708,10 +568,10 @@ def wait_all(jobs: list[submitit.Job], names: list[str], poll_s: float = 2.0,
 
 def wait(job: submitit.Job, name: str, poll_s: float = 2.0, max_wait_s: float | None = None,
          on_poll: Callable[[], None] | None = None) -> list[Any]:
-    """Follow one job to its end; its per-task results, or :class:`SlurmJobFailed` with the reason
+    """Follow one job to its end; its per-task results, or :class:`JobFailed` with the reason
     as soon as it ends without them."""
     (outcome,) = wait_all([job], [name], poll_s, max_wait_s, on_poll)
-    if isinstance(outcome, SlurmJobFailed):
+    if isinstance(outcome, JobFailed):
         raise outcome
     return outcome
 
@@ -721,7 +581,7 @@ def run_job(request: JobRequest, cluster: SlurmCluster, folder: Path, poll_s: fl
             on_poll: Callable[[], None] | None = None) -> list[Any]:
     """Submit, follow and return the per-task results; the job never outlives this call."""
     job = submit(request, cluster, folder)
-    _logger().info("submitted %s as job %s (%s)", request.name, job.job_id, job.paths.folder)
+    run_logger().info("submitted %s as job %s (%s)", request.name, job.job_id, job.paths.folder)
     if on_submit is not None:
         on_submit(job)
     try:
@@ -743,21 +603,6 @@ def wait_gone(job: submitit.Job, timeout_s: float, poll_s: float = 1.0) -> bool:
     return True
 
 
-class MissingClusterBlock(ValueError):
-    retryable = False  # trying again finds the same nothing
-
-
-def load_block(block_type: type, name: str, as_given: str, create: str) -> Any:
-    """The cluster block ``name`` of ``block_type``; a missing one names ``cluster.block`` as the
-    spec gives it and how to ``create`` one."""
-    try:
-        return block_type.load(name)
-    except ValueError as exc:  # Prefect's "Unable to find block document named ..."
-        raise MissingClusterBlock(
-            f"cluster.block={as_given}: no {block_type.__name__} block of that name on this Prefect server ({exc}); "
-            f"create it {create}") from None
-
-
 def load_cluster_block(name: str) -> SlurmCluster:
     return load_block(SlurmCluster, name, repr(name), f"in the UI (Blocks > Slurm Cluster) or with "
                       f"SlurmCluster(...).save({name!r}), or leave cluster.block unset")
@@ -774,3 +619,52 @@ def cluster_for(spec: Any) -> SlurmCluster:
 def job_folder(spec: Any, cluster: SlurmCluster) -> Path:
     """Where job scripts and logs go: the block's shared folder, else ``<paths.root>/jobs``."""
     return Path(cluster.job_folder or Path(spec.paths.root) / "jobs").expanduser()
+
+
+class SlurmBackend:
+    """The job contract's :class:`jobs.contract.Backend` on a SlurmCluster block: Slurm, or
+    submitit's local executor; its job handles are submitit's jobs."""
+
+    shrinks_by_resubmission = True
+
+    def job_folder(self, spec: Any, cluster: SlurmCluster) -> Path:
+        return job_folder(spec, cluster)
+
+    def run_job(self, request: JobRequest, cluster: SlurmCluster, folder: Path, poll_s: float,
+                max_wait_s: float | None, on_poll: Callable[[], None] | None,
+                on_submit: Callable[[submitit.Job], None] | None) -> list[Any]:
+        return run_job(request, cluster, folder, poll_s, max_wait_s, on_submit=on_submit, on_poll=on_poll)
+
+    def run_array(self, requests: list[JobRequest], cluster: SlurmCluster, folder: Path, poll_s: float,
+                  max_wait_s: float | None,
+                  on_line: Callable[[Hashable, str], None] | None) -> list[list[Any] | JobFailed]:
+        """``on_line`` sees each line with the index of its job in ``requests``."""
+        return run_array(requests, cluster, folder, poll_s, max_wait_s, on_line)
+
+    def on_nodes(self, cluster: SlurmCluster, nodes: Iterable[str]) -> SlurmCluster:
+        return cluster.model_copy(update={"nodelist": list(nodes)})
+
+    def still_queued(self, cluster: SlurmCluster, job_id: str) -> bool:
+        """A local-executor job is followed by the flow run that made it only: False."""
+        return executor_kind(cluster) != "local" and queue_state(job_id) is not None
+
+    def running(self, job: submitit.Job) -> bool:
+        return job_running(job)
+
+    def wait_gone(self, job: submitit.Job, timeout_s: float) -> bool:
+        return wait_gone(job, timeout_s)
+
+    def nodes(self, job: submitit.Job) -> list[str]:
+        """Accounting's nodes of the job; none for a local-executor job."""
+        if isinstance(job, submitit.LocalJob):
+            return []
+        record = query_slurm_state(job.job_id)
+        return expand_nodes(record.nodes) if record else []
+
+    def failure_nodes(self, failure: JobFailed) -> list[str]:
+        return expand_nodes(failure.nodes)  # Slurm compresses them: node-[1-4]
+
+    def lost_nodes(self, nodes: list[str]) -> set[str]:
+        """Those Slurm now holds unhealthy: the others did nothing wrong, and leaving all of a
+        many-node job's nodes out could leave too few to schedule the retry on."""
+        return unhealthy_nodes(nodes)

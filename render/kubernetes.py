@@ -24,8 +24,8 @@ from render.shell import shell_line
 
 if TYPE_CHECKING:  # a Prefect block; rendering only reads it
     from blocks.kubernetes import KubernetesCluster
+    from jobs.contract import JobRequest
     from jobs.kubernetes import KubernetesTarget
-    from jobs.slurm import JobRequest
     from pretrain.spec import PretrainSpec
 
 JOB_API, PYTORCHJOB_API = "batch/v1", "kubeflow.org/v1"

@@ -28,7 +28,7 @@ from prefect.runtime import flow_run
 
 from tasks.executor import (NODE_STATES, Cluster, excluded_after, failure_nodes, job_folder, job_nodes, job_running,
                            node_mtbf_h, on_nodes, run_job, shrinks_by_resubmission, usable_nodes, wait_gone)
-from jobs.slurm import JobRequest, SlurmJobFailed, _logger
+from jobs.contract import JobFailed, JobRequest, run_logger
 from pretrain import checkpoint_interval, run_chain
 from pretrain.checkpoint_advice import FailureInputs
 from pretrain.device_samples import DeviceSamples
@@ -252,7 +252,7 @@ def _follow_job(spec: PretrainSpec, cluster: Cluster, request: JobRequest, follo
                 attempts: Attempts, reached_before: int) -> JobEnd:
     """Submit one job of the chain and follow it to its end, leaving out the nodes a node failure
     (or the devices' errors) left suspect; a failure no resubmission can fix sets the reason."""
-    logger = _logger()
+    logger = run_logger()
     end = JobEnd()
     submitted: list[Any] = []
 
@@ -264,7 +264,7 @@ def _follow_job(spec: PretrainSpec, cluster: Cluster, request: JobRequest, follo
     try:
         # Time spent waiting in the queue, first or again after a requeue, is no hang.
         run_job(request, cluster, job_folder(spec, cluster), on_submit=submitted.append, on_poll=on_poll)
-    except SlurmJobFailed as failure:
+    except JobFailed as failure:
         # The nodes a failure names, as the job ended, for a job whose newest accounting record has
         # none: one that Slurm requeued after a node failure and the job layer cancelled.
         end.failed_on = failure_nodes(failure, cluster)
@@ -298,7 +298,7 @@ def _follow_job(spec: PretrainSpec, cluster: Cluster, request: JobRequest, follo
 def _chain_of_jobs(spec: PretrainSpec, cluster: Cluster, follower: MetricsFollower, budget: int,
                    prepare: Callable[[int, PretrainSpec], JobRequest], run: Path, checkpoint_step: Callable[[], int],
                    finished: Callable[[str], bool], explain: Callable[[str], str]) -> Attempts:
-    logger = _logger()  # the task's log, or a plain one where a test calls the loop itself
+    logger = run_logger()  # the task's log, or a plain one where a test calls the loop itself
     attempts = Attempts()
     chain_path = run / run_chain.CHAIN_FILE
     chain = run_chain.read(chain_path)  # the jobs earlier flow runs of this run submitted
@@ -363,7 +363,7 @@ def finish_run(spec: PretrainSpec, follower: MetricsFollower, attempts: Attempts
     attempt's outcome, or ``result`` with the job history, the metrics summary and the graphs
     training still compiled."""
     if any(row["compiled"] for row in compiled):
-        _logger().warning("training compiled graphs the precompile stage did not cover: %s", compiled)
+        run_logger().warning("training compiled graphs the precompile stage did not cover: %s", compiled)
     points = follower.stream.as_list()
     if points:
         publish_loss_curve(spec.name, points)

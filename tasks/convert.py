@@ -17,7 +17,7 @@ from jobs.node import Command
 from pretrain.spec import PretrainSpec
 from tasks.artifacts import artifact_key, retryable
 from tasks.executor import cluster_for, job_folder, run_job
-from jobs.slurm import ends_cancelled, stage_request
+from jobs.contract import ends_cancelled, stage_request
 from render.convert_command import convert_command, convert_flags, expected_config
 from trainer import formats
 

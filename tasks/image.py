@@ -24,7 +24,7 @@ from prefect.logging import get_run_logger
 
 from tasks.executor import cluster_for, job_folder, run_job
 from jobs.node import Command
-from jobs.slurm import SlurmJobFailed, ends_cancelled, stage_request
+from jobs.contract import JobFailed, ends_cancelled, stage_request
 from pretrain import manifest
 from pretrain.spec import ImageSpec, PretrainSpec
 from render.image import (BUILD_TIME_LIMIT_MIN, CONTAINERFILE, PROJECT_CONTEXT, SQUASHFS, build_script,
@@ -118,7 +118,7 @@ def _build(spec: PretrainSpec, image: ImageSpec, tag: str, staging: Path, key_in
                             gpus_per_node=None, exclusive=False, time_limit_min=BUILD_TIME_LIMIT_MIN)
     try:
         run_job(request, cluster, job_folder(spec, cluster))
-    except SlurmJobFailed as failed:
+    except JobFailed as failed:
         record = json.loads(record_path.read_text()) if record_path.is_file() else {}
         if "error" in record:
             raise ImageBuildFailed(f"image: {record['error']} (job {failed.job_id})") from None

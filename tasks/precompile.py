@@ -41,7 +41,7 @@ from pretrain.neuron_compile import CompileSummary, from_results, parse_npc_log
 from pretrain.checkpoint_interval import planned
 from pretrain.spec import PretrainSpec
 from tasks.executor import cluster_for, failure_nodes, job_folder, on_nodes, run_job
-from jobs.slurm import JobRequest, SlurmJobFailed, ends_cancelled, stage_request
+from jobs.contract import JobFailed, JobRequest, ends_cancelled, stage_request
 from render import native
 from render.dataset_files import eod_id
 from render.nxdt import config_yaml, nxdt_config, precompile_command
@@ -183,7 +183,7 @@ def precompile_neuron(spec: PretrainSpec, dataset: str, checkpoint: str | None =
     job_error = None
     try:
         run_job(precompile_request(spec, script), cluster, job_folder(spec, cluster))
-    except SlurmJobFailed as exc:  # failed graphs end the job non-zero too; the node results say which
+    except JobFailed as exc:  # failed graphs end the job non-zero too; the node results say which
         job_error = exc
 
     rows = compile_rows(attempt, spec.cluster.nodes)
@@ -225,7 +225,7 @@ def precompile_native(spec: PretrainSpec, dataset: str, data_dir: str) -> dict:
     logger.info("precompile: %d-step torch.compile warm-up into %s", config["steps"], native.compile_cache_dir(spec))
     try:
         run_job(stage_request(spec, f"{spec.name}-precompile", command), cluster, job_folder(spec, cluster))
-    except SlurmJobFailed as failure:
+    except JobFailed as failure:
         rows = [{"node": node, "graphs traced": 0, "graph breaks": 0, "compiled": 0, "from cache": 0, "failed": 1}
                 for node in failure_nodes(failure, cluster)]
         create_table_artifact(rows, key=artifact_key(spec.name, "precompile"),

@@ -37,7 +37,8 @@ from blocks.kubernetes import KubernetesCluster
 from jobs.kubernetes import KubernetesTarget, find_claim
 from jobs.node import Command
 from jobs.nodes import read_partition
-from jobs.slurm import ClusterMismatch, SlurmJobFailed, ends_cancelled, executor_kind, local_refusal, stage_request
+from jobs.contract import ClusterMismatch, JobFailed, ends_cancelled, stage_request
+from jobs.slurm import executor_kind, local_refusal
 from pretrain import manifest
 from pretrain.spec import PretrainSpec
 from render import kubernetes as manifests
@@ -145,7 +146,7 @@ def probe(spec: PretrainSpec, cluster: Cluster, work: Path) -> dict:
     submitted, failure = [], None
     try:
         run_job(request, cluster, job_folder(spec, cluster), poll_s=1.0, on_submit=submitted.append)
-    except SlurmJobFailed as exc:  # the probe exits 1 when a check failed: its record says which
+    except JobFailed as exc:  # the probe exits 1 when a check failed: its record says which
         failure = exc
     job = submitted[0].job_id if submitted else ""
     image = probe_image(cluster)

@@ -18,7 +18,7 @@ from typing import Any
 
 from prefect.runtime import flow_run
 
-from jobs.slurm import _logger
+from jobs.contract import run_logger
 from pretrain import manifest, run_chain
 from pretrain.spec import PretrainSpec
 from tasks.executor import Cluster, still_queued
@@ -83,7 +83,7 @@ class RunClaim:
         return owner if owner != self.me and age < self.stale_s else None
 
     def __enter__(self) -> RunClaim:
-        logger = _logger()
+        logger = run_logger()
         said = None
         while (owner := self.other_owner()) is not None:
             if owner != said:

@@ -28,7 +28,7 @@ from pretrain import manifest
 from pretrain.log_parsers import preprocess_progress
 from jobs.node import Command
 from tasks.executor import cluster_for, job_folder, run_array, run_job
-from jobs.slurm import SlurmJobFailed, ends_cancelled, stage_request
+from jobs.contract import JobFailed, ends_cancelled, stage_request
 from pretrain.spec import PretrainSpec
 from render.dataset_files import arrow_output, tokenizer_files
 from render.tokenize_command import merge_command, tokenize_command
@@ -155,7 +155,7 @@ def tokenize(spec: PretrainSpec, data_dir: str, reuse_only: bool = False) -> str
             nodes=1, gpus_per_node=None, exclusive=False) for i in todo]
         if requests:
             outcomes = run_array(requests, cluster, folder, on_line=ShardProgress(len(requests)))
-            failed = [o for o in outcomes if isinstance(o, SlurmJobFailed)]
+            failed = [o for o in outcomes if isinstance(o, JobFailed)]
             if failed:
                 raise TokenizeFailed(f"{len(failed)} of {len(requests)} tokenize shards failed; the others "
                                      "are kept and a retry reruns only these:\n\n" + "\n\n".join(map(str, failed)),

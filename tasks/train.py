@@ -16,7 +16,7 @@ from prefect import task
 
 from jobs.node import Command
 from tasks.executor import cluster_for, on_nodes
-from jobs.slurm import JobRequest, ends_cancelled, stage_request
+from jobs.contract import JobRequest, ends_cancelled, stage_request
 from pretrain.checkpoints import native_step
 from pretrain.spec import PretrainSpec
 from render import native

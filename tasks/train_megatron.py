@@ -19,7 +19,7 @@ from typing import Any
 from prefect import task
 
 from tasks.executor import cluster_for
-from jobs.slurm import ends_cancelled, stage_request
+from jobs.contract import ends_cancelled, stage_request
 from pretrain.checkpoints import megatron_step
 from pretrain.spec import MegatronLMSpec, PretrainSpec
 from render.megatron_lm import in_container, node_command

@@ -24,7 +24,7 @@ from prefect import task
 from prefect.logging import get_run_logger
 
 from tasks.executor import cluster_for, on_nodes
-from jobs.slurm import JobRequest, ends_cancelled, stage_request
+from jobs.contract import JobRequest, ends_cancelled, stage_request
 from pretrain.checkpoints import nxdt_newest, nxdt_step
 from pretrain.neuron_compile import training_compiles
 from pretrain.spec import PretrainSpec

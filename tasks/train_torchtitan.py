@@ -23,7 +23,7 @@ from typing import Any
 
 from prefect import task
 
-from jobs.slurm import ends_cancelled, stage_request
+from jobs.contract import ends_cancelled, stage_request
 from pretrain import manifest
 from pretrain.checkpoints import torchtitan_step
 from pretrain.spec import DataSpec, PretrainSpec

@@ -16,7 +16,6 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-import submitit
 from prefect import flow, task
 from prefect.states import Failed
 
@@ -24,8 +23,8 @@ from blocks.cluster import SlurmCluster
 from jobs.node import Command
 from jobs.nodes import gres_gpus, parse_partition
 from jobs.pending import WAITING_LOG_EVERY_S, QueueWatch, never_runs, queue_reason
-from jobs.slurm import (ClusterMismatch, JobRequest, SlurmJobFailed, SubmissionRefused, local_refusal, run_job,
-                        slurm_parameters, submit)
+from jobs.contract import ClusterMismatch, JobFailed, JobRequest
+from jobs.slurm import SubmissionRefused, batch_script, local_refusal, run_job, submit
 from pretrain.presets import load_spec
 from tasks.artifacts import retryable
 from tasks.preflight import PreflightFailed, preflight, probe
@@ -76,8 +75,7 @@ def test_partition_shape_from_sinfo():
 @pytest.mark.pure
 def test_multi_node_jobs_wait_for_all_their_nodes(tmp_path):
     def sbatch(nodes: int) -> str:
-        params = slurm_parameters(SLURM, JobRequest("x", Command(["true"]), time_limit_min=5, nodes=nodes))
-        return submitit.slurm.slurm._make_sbatch_string(command="x", folder=tmp_path, **params)
+        return batch_script(SLURM, JobRequest("x", Command(["true"]), time_limit_min=5, nodes=nodes), tmp_path)
 
     assert "#SBATCH --wait-all-nodes=1" in sbatch(16)
     assert "--wait-all-nodes" not in sbatch(1)
@@ -246,7 +244,7 @@ def test_a_job_its_partition_can_never_run_fails_with_the_reason(local_stack, tm
 
     with partition(name, "State=DOWN"):
         started = time.monotonic()
-        with pytest.raises(SlurmJobFailed) as info:
+        with pytest.raises(JobFailed) as info:
             run_job(JobRequest("never", Command(["true"]), time_limit_min=2),
                     SlurmCluster(executor="slurm", partition=name), tmp_path, poll_s=0.5, on_submit=shrink)
         waited = time.monotonic() - started

@@ -135,5 +135,5 @@ def test_the_gpu_preset_renders_its_image_build_and_trains_in_the_squashfs():
     assert "#SBATCH --time=120" in files["sbatch_image.sh"] and "gpus" not in files["sbatch_image.sh"]
     train = files["sbatch_train.sh"]
     # pyxis starts the built squashfs on the shared filesystem, and submitit with the image's Python
-    assert "'--container-image=<image-output>/image.sqsh' --container-mounts=/fsx:/fsx python -u -m submitit" in train
+    assert "'--container-image=<image-output>/image.sqsh' --container-mounts=/fsx:/fsx python -u -m submitit.core._submit" in train
     assert "/fsx/pretrain/jobs/" in train

@@ -19,10 +19,10 @@ import pytest
 
 from blocks.kubernetes import runbook_cluster
 from jobs import kubernetes
-from jobs.kubernetes import (KubernetesTarget, PodLogs, PodOutcome, _commands, failed_indexes, job_condition,
-                             job_outcome, pod_outcome)
+from jobs.contract import JobFailed, JobRequest
+from jobs.kubernetes import (KubernetesTarget, PodLogs, PodOutcome, failed_indexes, job_condition, job_outcome,
+                             pod_commands, pod_outcome)
 from jobs.node import Command
-from jobs.slurm import JobRequest, SlurmJobFailed
 from pretrain.presets import load_spec
 from render import kubernetes as manifests
 from render.kubernetes import batch_job, leased
@@ -103,9 +103,9 @@ def test_pod_logs_arriving_in_pieces_come_out_as_the_recorded_lines():
 
 def test_commands_run_the_images_python_not_the_flows():
     request = JobRequest("tokenize-0-of-1", Command([sys.executable, "-m", "trainer", "tokenize"]), 10)
-    assert _commands([request])[0].argv == ["python", "-m", "trainer", "tokenize"]
+    assert pod_commands([request])[0].argv == ["python", "-m", "trainer", "tokenize"]
     with pytest.raises(TypeError, match="command lines"):
-        _commands([JobRequest("x", print, 10)])
+        pod_commands([JobRequest("x", print, 10)])
 
 
 def target(server: RecordedApiServer, volume: Path | None = None) -> KubernetesTarget:
@@ -135,7 +135,7 @@ def test_a_job_that_ran_out_of_memory_fails_with_the_pods_reason_node_and_log_th
     replay = Replay([recorded("job-status-running.json"), recorded("job-status-backoff-limit-exceeded.json")],
                     [OOM_KILLED], GETDATA_LOG)
     with RecordedApiServer([replay]) as server:
-        with pytest.raises(SlurmJobFailed) as failed:
+        with pytest.raises(JobFailed) as failed:
             job = target(server)
             kubernetes.run_job(JobRequest("getdata", Command([sys.executable, "-m", "trainer", "fetch"]), 10), job, tmp_path, manifests, poll_s=0.01)
     (body,) = server.created()
@@ -213,7 +213,7 @@ def test_a_job_past_the_wait_is_deleted_once_and_fails_cancelled(tmp_path):
     """The deleted job is gone (404) when the layer looks at it again on its way out: that is
     what was asked, not an error hiding the outcome."""
     with RecordedApiServer([Replay([recorded("job-status-running.json")], [OOM_KILLED])]) as server:
-        with pytest.raises(SlurmJobFailed) as failed:
+        with pytest.raises(JobFailed) as failed:
             kubernetes.run_job(JobRequest("getdata", Command(["true"]), 10), target(server), tmp_path, manifests, poll_s=0.01, max_wait_s=0)
     assert failed.value.state == "CANCELLED"
     assert len(server.sent("DELETE")) == 1
@@ -362,7 +362,7 @@ def test_a_terminated_flow_process_deletes_its_job_within_its_grace_period(tmp_p
 
 def test_a_flow_run_cancelled_through_the_prefect_api_deletes_its_job_at_the_next_check(tmp_path, monkeypatch):
     """A run cancelled in the UI, the CLI or the API while it follows a job: the layer reads the
-    flow run's state from the Prefect API (every 5 s, jobs.slurm.CancelWatch), sees Cancelling, and
+    flow run's state from the Prefect API (every 5 s, jobs.contract.CancelWatch), sees Cancelling, and
     its very next request is the foreground DELETE of the job, before any further poll. The
     Prefect API's one route this needs (GET /api/flow_runs/ID) is answered by the loopback server
     too, with a flow run serialized by Prefect's own model; the flow's pod knows its run from
@@ -371,7 +371,7 @@ def test_a_flow_run_cancelled_through_the_prefect_api_deletes_its_job_at_the_nex
     from prefect.settings import PREFECT_API_URL, temporary_settings
     from prefect.states import Cancelling
 
-    from jobs.slurm import FlowRunCancelled
+    from jobs.contract import FlowRunCancelled
 
     run = FlowRun(flow_id=uuid.uuid4(), name="gpt3-7.5b-eks", state=Cancelling())
     monkeypatch.setenv("PREFECT__FLOW_RUN_ID", str(run.id))

@@ -527,7 +527,7 @@ def test_an_appended_node_log_names_each_failed_attempts_own_error(tmp_path):
     the NCCL watchdog (NVIDIA/Megatron-LM#935) is named by the rank's what(); a whole real run's
     log (this project's H100 run: warnings, arguments, 60 iterations) holds no error; a later
     attempt that failed without printing one is not named by the earlier attempt's."""
-    from jobs.slurm import JobRequest
+    from jobs.contract import JobRequest
     from jobs.node import Command
     from tasks.attempts import COMPLETED, AppendedLog
 

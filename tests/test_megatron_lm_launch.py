@@ -10,7 +10,8 @@ from pretrain.presets import SpecError, load_spec
 from blocks.cluster import SlurmCluster
 from flows.dry_run import render_files
 from jobs.node import Command
-from jobs.slurm import JobRequest, slurm_parameters
+from jobs.contract import JobRequest
+from jobs.slurm import slurm_parameters
 from render.megatron_lm import in_container
 from render.megatron_lm import pretrain_gpt_args, pretrained_checkpoint_refusal, torchrun_command
 from tasks.preflight import PreflightFailed, preflight

@@ -23,7 +23,8 @@ from deployments.stack import nodes
 from deployments.stack.processes import alive
 from flows.pretrain import pretrain
 from jobs.node import Command
-from jobs.slurm import JobRequest, SlurmJobFailed, jobs_of_this_flow_run, run_job, submit, wait, wait_gone
+from jobs.contract import JobFailed, JobRequest
+from jobs.slurm import jobs_of_this_flow_run, run_job, submit, wait, wait_gone
 from pretrain import manifest
 from pretrain.metrics_records import events, logged_steps, metrics_records
 from pretrain.presets import load_spec
@@ -175,7 +176,7 @@ def test_a_node_lost_mid_job_is_marked_down_and_named_by_the_failure(three_nodes
         time.sleep(0.3)
     os.kill(stack.status(three_nodes)["slurm"]["slurmd@node3"], signal.SIGKILL)
     try:
-        with pytest.raises(SlurmJobFailed) as failed:
+        with pytest.raises(JobFailed) as failed:
             wait(job, "lost-node", poll_s=1, max_wait_s=90)
         assert failed.value.state == "NODE_FAIL" and "lost node node3" in str(failed.value)
         # Slurm would queue the job again, lost node and all; the job layer cancelled it as it ended
@@ -415,10 +416,10 @@ def test_only_the_node_slurm_holds_failed_is_excluded_from_the_next_attempt(thre
     """After NODE_FAIL the job's node list names every node it ran on; the one to leave out is
     the one Slurm now holds down or drained (here node2, drained for the test). A node drained
     between attempts is not counted among those a shrinking run's resubmission may use."""
-    def failure(state: str) -> SlurmJobFailed:
-        return SlurmJobFailed("42", "tiny-local-train", state, "", [], exit_code="0:0", nodes="node[1-3]")
+    def failure(state: str) -> JobFailed:
+        return JobFailed("42", "tiny-local-train", state, "", [], exit_code="0:0", nodes="node[1-3]")
 
-    def excluded(failure: SlurmJobFailed, device_errors: dict[str, str] | None = None) -> set[str]:
+    def excluded(failure: JobFailed, device_errors: dict[str, str] | None = None) -> set[str]:
         return excluded_after(failure, SlurmCluster(executor="slurm"), device_errors)
 
     assert excluded(failure("NODE_FAIL")) == set()  # every node is healthy again: nothing to leave out

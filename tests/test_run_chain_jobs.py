@@ -17,7 +17,8 @@ import pytest
 from prefect import flow
 
 from jobs.node import Command
-from jobs.slurm import queue_state, stage_request
+from jobs.contract import stage_request
+from jobs.slurm import queue_state
 from pretrain import run_chain
 from pretrain.checkpoints import native_step
 from pretrain.metrics_records import events, logged_steps, metrics_records

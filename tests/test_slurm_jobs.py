@@ -11,7 +11,6 @@ import textwrap
 import time
 
 import pytest
-import submitit
 from prefect import flow, get_client, task
 from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
 
@@ -20,10 +19,9 @@ from deployments.stack.processes import alive
 from jobs.node import Command
 from jobs.nodes import expand_nodes
 from slurm_faults import PREEMPT_GRES, preempt
-from jobs.slurm import (
-    JobRequest, SlurmJobFailed, job_outcome, jobs_of_this_flow_run, parse_sacct, queue_state, run_array, run_job,
-    slurm_parameters, submit, wait,
-)
+from jobs.contract import JobFailed, JobRequest
+from jobs.slurm import (batch_script, job_outcome, jobs_of_this_flow_run, parse_sacct, queue_state, run_array,
+                        run_job, slurm_parameters, submit, wait)
 
 SLURM = SlurmCluster(executor="slurm")
 LOCAL = SlurmCluster(executor="local")
@@ -83,7 +81,7 @@ def test_slurm_parameters_render_site_settings_and_never_submitits_default_time(
     assert params["exclude"] == "bad-1,bad-2"
     assert params["srun_args"] == ["--export=ALL", "--container-image=nvcr.io/nvidia/pytorch:25.01-py3",
                                    "--container-mounts=/fsx:/fsx"]
-    script = submitit.slurm.slurm._make_sbatch_string(command="x", folder=tmp_path, **params)
+    script = batch_script(cluster, request, tmp_path)
     for line in ("#SBATCH --time=720", "#SBATCH --nodes=16", "#SBATCH --partition=trn1",
                  "#SBATCH --account=ml", "#SBATCH --exclude=bad-1,bad-2", "#SBATCH --exclusive",
                  "#SBATCH --signal=USR2@300", "#SBATCH --constraint=trn1.32xlarge", "module load neuron"):
@@ -148,7 +146,7 @@ def test_success_returns_and_streams_the_log_into_the_prefect_task_log(local_sta
 
 
 def test_failing_command_reports_state_exit_code_and_last_lines(local_stack, shared_dir):
-    with pytest.raises(SlurmJobFailed) as info:
+    with pytest.raises(JobFailed) as info:
         run_job(JobRequest("fails", bash("echo working; echo 'disk quota exceeded' >&2; exit 3"),
                            time_limit_min=2), SLURM, shared_dir, poll_s=0.5)
     err = info.value
@@ -164,7 +162,7 @@ def test_scancel_fails_the_wait_promptly(local_stack, shared_dir):
     wait_running(job)
     subprocess.run(["scancel", job.job_id], check=True)
     started = time.monotonic()
-    with pytest.raises(SlurmJobFailed) as info:
+    with pytest.raises(JobFailed) as info:
         wait(job, "victim", poll_s=0.5)
     assert info.value.state == "CANCELLED"
     assert time.monotonic() - started < 20
@@ -208,7 +206,7 @@ def test_a_job_preempted_on_spot_capacity_fails_the_wait_as_preempted(local_stac
         assert time.monotonic() < deadline, "the job's program did not start"
         time.sleep(0.2)
     preempt()
-    with pytest.raises(SlurmJobFailed) as info:
+    with pytest.raises(JobFailed) as info:
         wait(job, "spot-victim", poll_s=0.5, max_wait_s=120)
     assert info.value.state == "PREEMPTED"
 
@@ -268,7 +266,7 @@ def test_a_job_sets_what_its_program_reads_and_takes_nothing_else_from_the_submi
 
 def test_time_limit_ends_with_timeout(local_stack, shared_dir):
     # Slurm checks limits every ~30 s, then waits KillWait: about 60-100 s in all.
-    with pytest.raises(SlurmJobFailed) as info:
+    with pytest.raises(JobFailed) as info:
         run_job(JobRequest("too-long", bash("sleep 600"), time_limit_min=1), SLURM, shared_dir, poll_s=1)
     assert info.value.state == "TIMEOUT"
 
@@ -280,7 +278,8 @@ def test_flow_process_terminated_cancels_its_job(local_stack, shared_dir):
         from pathlib import Path
         from blocks.cluster import SlurmCluster
         from jobs.node import Command
-        from jobs.slurm import JobRequest, run_job
+        from jobs.contract import JobRequest
+        from jobs.slurm import run_job
         run_job(JobRequest("orphan", Command(["sleep", "300"]), time_limit_min=5),
                 SlurmCluster(executor="slurm"), Path({str(shared_dir)!r}), poll_s=0.5,
                 on_submit=lambda job: Path({str(ids)!r}).write_text(job.job_id))
@@ -304,7 +303,8 @@ def orphan_program(shared_dir, ids, cluster: str) -> str:
         from pathlib import Path
         from blocks.cluster import SlurmCluster
         from jobs.node import Command
-        from jobs.slurm import JobRequest, run_job
+        from jobs.contract import JobRequest
+        from jobs.slurm import run_job
         run_job(JobRequest("orphan", Command(["sleep", "300"]), time_limit_min=5),
                 SlurmCluster.model_validate({cluster}), Path({str(shared_dir)!r}), poll_s=0.5,
                 on_submit=lambda job: Path({str(ids)!r}).write_text(job.job_id))
@@ -350,7 +350,7 @@ def test_killed_flow_process_leaves_no_job_behind(local_stack, shared_dir, execu
 def test_local_executor_runs_and_reports_failures(shared_dir, monkeypatch):
     assert run_job(JobRequest("local-ok", bash("echo ok"), time_limit_min=2), LOCAL, shared_dir,
                    poll_s=0.2) == [0]
-    with pytest.raises(SlurmJobFailed) as info:
+    with pytest.raises(JobFailed) as info:
         run_job(JobRequest("local-bad", bash("echo broken >&2; exit 4"), time_limit_min=2), LOCAL,
                 shared_dir, poll_s=0.2)
     assert "exit code 4" in str(info.value) and "broken" in str(info.value)
@@ -370,6 +370,6 @@ def test_array_returns_each_tasks_outcome_so_only_failures_are_retried(local_sta
                 for script in ("echo shard 0", "echo shard 1 broke >&2; exit 5", "echo shard 2")]
     outcomes = run_array(requests, SLURM, shared_dir, poll_s=0.5)
     assert outcomes[0] == [0] and outcomes[2] == [0]
-    assert isinstance(outcomes[1], SlurmJobFailed)
+    assert isinstance(outcomes[1], JobFailed)
     assert "exit code 5" in str(outcomes[1]) and "shard 1 broke" in str(outcomes[1])
     assert outcomes[1].job_id.endswith("_1")  # one Slurm array, task 1
