@@ -78,9 +78,25 @@ class Stage:
     stage it runs needs it."""
 
 
+def runs_if(setting: Callable[[PretrainSpec], Any], otherwise: str) -> Callable[[PretrainSpec], str | None]:
+    """A stage's ``why_not`` for a stage that runs when ``setting`` of the spec is set, and
+    ``otherwise`` says why it does not."""
+    return lambda spec: None if setting(spec) else otherwise
+
+
 def absent(name: str, why: Callable[[PretrainSpec], str]) -> Stage:
     """A stage the backend has no job for; ``why`` says what does its work instead."""
     return Stage(name, run=None, plan=None, render=None, why_not=why)
+
+
+def absent_on_kind(name: str, why: str) -> Stage:
+    """A stage no job of the spec's backend kind runs; ``why`` follows ``backend.kind=<kind>``."""
+    return absent(name, lambda spec: f"backend.kind={spec.backend.kind} {why}")
+
+
+def always_runs(name: str, why: str) -> Callable[[PlanInputs], StagePlan]:
+    """The plan of a stage that is never handed on: it runs, for ``why``."""
+    return lambda p: StagePlan(name, "run", why)
 
 
 def keyed(spec: PretrainSpec, stage: str, key_inputs: dict, same: tuple[str, ...] = ()) -> StagePlan:
@@ -143,18 +159,16 @@ def _plan_convert(p: PlanInputs) -> StagePlan:
 
 CONVERT = Stage("convert", run=lambda spec, outputs, reuse_only: convert(spec, reuse_only=reuse_only),
                 plan=_plan_convert, render=stage_files.convert_files, cached=True,
-                why_not=lambda spec: None if spec.model.init_from else (
-                    "model.init_from is empty: training starts from scratch, there is no checkpoint to convert"))
-CHECKPOINT_AS_IT_IS = absent("convert", lambda spec: (
-    f"backend.kind={spec.backend.kind} reads model.init_from as it is; only NxDT (backend.kind=neuron) needs a "
-    "checkpoint converted to its shards"))
+                why_not=runs_if(lambda spec: spec.model.init_from, "model.init_from is empty: training starts from "
+                                "scratch, there is no checkpoint to convert"))
+CHECKPOINT_AS_IT_IS = absent_on_kind("convert", "reads model.init_from as it is; only NxDT (backend.kind=neuron) "
+                                     "needs a checkpoint converted to its shards")
 
 
 # ------------------------------------------------------------------------------- precompile
 
-def _plan_precompile(p: PlanInputs) -> StagePlan:
-    return StagePlan("precompile", "run", "fills the compile cache; graphs it holds already are served from it, "
-                     "not compiled again")
+_plan_precompile = always_runs("precompile", "fills the compile cache; graphs it holds already are served from it, "
+                               "not compiled again")
 
 
 def torchtitan_compiles(titan: TorchtitanSpec) -> str:
@@ -173,8 +187,8 @@ def torchtitan_compiles(titan: TorchtitanSpec) -> str:
 PRECOMPILE_NATIVE = Stage(
     "precompile", run=lambda spec, outputs, reuse_only: precompile_native(spec, outputs["tokenize"], outputs["fetch"]),
     plan=_plan_precompile, render=stage_files.precompile_native_files, needs=("fetch", "tokenize"),
-    why_not=lambda spec: None if spec.backend.native.compile else (
-        "backend.native.compile=false: nothing is compiled, so there is no cache to fill"))
+    why_not=runs_if(lambda spec: spec.backend.native.compile,
+                    "backend.native.compile=false: nothing is compiled, so there is no cache to fill"))
 PRECOMPILE_NEURON = Stage(
     "precompile", run=lambda spec, outputs, reuse_only: precompile_neuron(spec, outputs["tokenize"],
                                                                          outputs.get("convert")),
@@ -194,20 +208,18 @@ def _plan_image(p: PlanInputs) -> StagePlan:
 
 IMAGE = Stage("image", run=lambda spec, outputs, reuse_only: build_image(spec, reuse_only=reuse_only),
               plan=_plan_image, render=stage_files.image_files, cached=True,
-              why_not=lambda spec: None if spec.backend.megatron_lm and spec.backend.megatron_lm.image else (
-                  "backend.megatron_lm.image is not set: the job runs in backend.megatron_lm.container_image, "
-                  "or on the nodes as they are"))
-CLUSTER_ENVIRONMENT = absent("image", lambda spec: (
-    f"backend.kind={spec.backend.kind} runs in the cluster's own environment; only Megatron-LM's "
-    "backend.megatron_lm.image is built by the flow"))
+              why_not=runs_if(lambda spec: spec.backend.megatron_lm and spec.backend.megatron_lm.image,
+                              "backend.megatron_lm.image is not set: the job runs in "
+                              "backend.megatron_lm.container_image, or on the nodes as they are"))
+CLUSTER_ENVIRONMENT = absent_on_kind("image", "runs in the cluster's own environment; only Megatron-LM's "
+                                     "backend.megatron_lm.image is built by the flow")
 
 
 # ------------------------------------------------------------------------------------ train
 
-def _plan_train(p: PlanInputs) -> StagePlan:
-    return StagePlan("train", "run", "never cached: continues this spec's run from its newest complete checkpoint, "
-                     "if it has one (a new flow run too, unless training.continue_run is false), as a chain of jobs "
-                     "of cluster.time_limit_min each")
+_plan_train = always_runs("train", "never cached: continues this spec's run from its newest complete checkpoint, "
+                          "if it has one (a new flow run too, unless training.continue_run is false), as a chain of "
+                          "jobs of cluster.time_limit_min each")
 
 
 def _train(run: Callable[[PretrainSpec, Outputs], Any], render: Callable[..., dict[str, str]],
