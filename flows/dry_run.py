@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
 
 import yaml
 from prefect import task
@@ -15,60 +14,15 @@ from prefect.logging import get_run_logger
 from blocks.cluster import SlurmCluster
 from blocks.kubernetes import KubernetesCluster, runbook_cluster
 from tasks.executor import KUBERNETES_PREFIX, load_kubernetes_block
-from jobs.node import Command
 from jobs.contract import MissingClusterBlock
 from jobs.slurm import load_cluster_block
 from pretrain.hub_refs import with_local_values
 from pretrain.checkpoint_interval import planned
 from pretrain.spec import PretrainSpec
-from render import kubernetes, megatron_lm, native, torchtitan
 from render.hub_downloads import hub_downloads, hub_placeholders
-from render.dataset_files import arrow_output, tokenizer_paths
-from flows.stage_files import DATASET, FETCHED, TRAIN_RUN
-from render.tokenize_command import tokenize_command
+from flows.stage_files import FETCHED
 from tasks.artifacts import artifact_key
 from flows.stages import stages_of
-
-
-def _manifest(body: dict[str, Any]) -> str:
-    return yaml.safe_dump(body, sort_keys=False)
-
-
-def kubernetes_files(spec: PretrainSpec, cluster: KubernetesCluster, files: dict[str, str]) -> dict[str, str]:
-    """The objects a run on Kubernetes creates, beside the command lines they run: tokenize's
-    shards as an Indexed Job (as many as data.tokenize_shards, else one: the run counts them from
-    the input's size), the conversion as a Job, precompile and training as PyTorchJobs, training
-    held to the nodes precompile filled."""
-    time_limit, manifests = spec.cluster.time_limit_min, {}
-    tokenizer = {flag: str(path) for flag, path in tokenizer_paths(spec, Path(FETCHED)).items()}
-    shards = 1 if arrow_output(spec) else spec.data.tokenize_shards or 1
-    commands = [Command(tokenize_command(spec, [FETCHED], f"{DATASET}/parts/shard-{i}", tokenizer,
-                                         shard=None if arrow_output(spec) else f"{i}/{shards}",
-                                         record=f"{DATASET}/parts/shard-{i}.json")) for i in range(shards)]
-    manifests["k8s_tokenize.yaml"] = _manifest(kubernetes.indexed_job(
-        cluster, spec, f"{spec.name}-tokenize", "tokenize", commands, time_limit, spec.cluster.cpus_per_task,
-        spec.cluster.mem_gb))
-    if "convert.sh" in files:
-        manifests["k8s_convert.yaml"] = _manifest(kubernetes.batch_job(
-            cluster, spec, f"{spec.name}-convert", "convert", Command(["bash", "-c", files["convert.sh"]]), time_limit))
-    nodes: tuple[str, ...] = ()
-    if "precompile.sh" in files:
-        manifests["k8s_precompile.yaml"] = _manifest(kubernetes.pytorch_job(
-            cluster, spec, f"{spec.name}-precompile", "precompile", Command(["bash", "-c", files["precompile.sh"]]),
-            time_limit))
-        nodes = ("<precompile-nodes>",)
-    if spec.backend.kind == "megatron-lm":
-        train = megatron_lm.node_command(spec, f"{DATASET}/data_text_document", Path(TRAIN_RUN))
-    elif spec.backend.kind == "torchtitan":
-        train = torchtitan.node_command(spec, str(torchtitan.loader_dir(Path(TRAIN_RUN))), Path(TRAIN_RUN),
-                                        spec.model.init_from)
-    elif spec.backend.kind == "native":
-        train = Command(["bash", "-c", files["torchrun.sh"]], env=native.environment(spec))
-    else:
-        train = Command(["bash", "-c", files["train.sh"]])
-    manifests["k8s_train.yaml"] = _manifest(kubernetes.pytorch_job(
-        cluster, spec, f"{spec.name}-train", "train", train, time_limit, nodes))
-    return manifests
 
 
 def render_files(spec: PretrainSpec, cluster: SlurmCluster | KubernetesCluster | None = None) -> dict[str, str]:
@@ -77,9 +31,15 @@ def render_files(spec: PretrainSpec, cluster: SlurmCluster | KubernetesCluster |
     if cluster is None and (spec.cluster.block or "").startswith(KUBERNETES_PREFIX):
         cluster = runbook_cluster()
     if isinstance(cluster, KubernetesCluster):
-        files = render_files(spec, SlurmCluster(executor="slurm"))
-        return {**{k: v for k, v in files.items() if not k.startswith("sbatch_")},
-                **kubernetes_files(planned(spec), cluster, files)}
+        # the command lines as Slurm's jobs run them, and in place of the batch scripts the objects
+        # each stage creates on Kubernetes
+        files = {k: v for k, v in render_files(spec, SlurmCluster(executor="slurm")).items()
+                 if not k.startswith("sbatch_")}
+        spec = planned(spec)
+        for stage in stages_of(spec):
+            if stage.objects is not None and stage.why_not(spec) is None:
+                files |= stage.objects(spec, cluster, files)
+        return files
     site = cluster or SlurmCluster(executor="slurm")
     files = {"spec.yaml": yaml.safe_dump(json.loads(spec.model_dump_json()), sort_keys=False)}
     spec = planned(spec)  # the first job's launch: checkpoint_interval=auto as the spec alone gives it

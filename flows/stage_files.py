@@ -1,6 +1,6 @@
-"""Each stage's files as its jobs run them on Slurm, rendered from the spec without submitting
-anything: its command lines, configs and batch scripts, for `pretrain render` and the flow's dry
-run. The outputs of earlier stages exist only at run time (their paths are content-addressed),
+"""Each stage's files as its jobs run them, rendered from the spec without submitting anything:
+its command lines, configs and batch scripts on Slurm, and the objects it creates on Kubernetes,
+for `pretrain render` and the flow's dry run. The outputs of earlier stages exist only at run time (their paths are content-addressed),
 so the files name them by placeholders.
 
 One function per stage and backend; the stages' lists (flows/stages.py) say which one renders
@@ -13,12 +13,15 @@ import json
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from blocks.cluster import SlurmCluster
+from blocks.kubernetes import KubernetesCluster
 from jobs.node import Command
 from jobs.contract import stage_request
 from jobs.slurm import batch_script, job_folder
 from pretrain.spec import PretrainSpec
-from render import image, megatron_lm, native, nxdt, torchtitan
+from render import image, kubernetes, megatron_lm, native, nxdt, torchtitan
 from render.convert_command import convert_command
 from render.dataset_files import arrow_output, tokenizer_paths
 from render.job_end import signal_delay_s
@@ -127,3 +130,69 @@ def train_torchtitan_files(spec: PretrainSpec, site: SlurmCluster) -> dict[str, 
             "torchrun.sh": _shell(torchtitan.torchrun_command(spec, str(torchtitan.loader_dir(Path(TRAIN_RUN))),
                                                               TRAIN_RUN, spec.model.init_from)),
             **_train_sbatch(spec, site)}
+
+
+# ------------------------------------------------------------------------------- on Kubernetes
+# Each takes the stage's Slurm files (the command lines its pods run too) and the objects the
+# stages before it create (training is held to the nodes precompile filled).
+
+def _yaml(body: dict[str, Any]) -> str:
+    return yaml.safe_dump(body, sort_keys=False)
+
+
+def tokenize_objects(spec: PretrainSpec, cluster: KubernetesCluster, files: dict[str, str]) -> dict[str, str]:
+    """tokenize's shards as an Indexed Job: as many as data.tokenize_shards, else one (the run
+    counts them from the input's size)."""
+    tokenizer = {flag: str(path) for flag, path in tokenizer_paths(spec, Path(FETCHED)).items()}
+    shards = 1 if arrow_output(spec) else spec.data.tokenize_shards or 1
+    commands = [Command(tokenize_command(spec, [FETCHED], f"{DATASET}/parts/shard-{i}", tokenizer,
+                                         shard=None if arrow_output(spec) else f"{i}/{shards}",
+                                         record=f"{DATASET}/parts/shard-{i}.json")) for i in range(shards)]
+    return {"k8s_tokenize.yaml": _yaml(kubernetes.indexed_job(
+        cluster, spec, f"{spec.name}-tokenize", "tokenize", commands, spec.cluster.time_limit_min,
+        spec.cluster.cpus_per_task, spec.cluster.mem_gb))}
+
+
+def convert_objects(spec: PretrainSpec, cluster: KubernetesCluster, files: dict[str, str]) -> dict[str, str]:
+    return {"k8s_convert.yaml": _yaml(kubernetes.batch_job(
+        cluster, spec, f"{spec.name}-convert", "convert", Command(["bash", "-c", files["convert.sh"]]),
+        spec.cluster.time_limit_min))}
+
+
+def _precompile_job(spec: PretrainSpec, cluster: KubernetesCluster, command: Command) -> dict[str, str]:
+    return {"k8s_precompile.yaml": _yaml(kubernetes.pytorch_job(
+        cluster, spec, f"{spec.name}-precompile", "precompile", command, spec.cluster.time_limit_min))}
+
+
+def precompile_native_objects(spec: PretrainSpec, cluster: KubernetesCluster, files: dict[str, str]) -> dict[str, str]:
+    """The warm-up: the training's launch on a capped config of its own."""
+    return _precompile_job(spec, cluster, Command(native.torchrun_command(
+        spec, f"{PRECOMPILE_DIR}/train.json", f"{PRECOMPILE_DIR}/record.json"), env=native.environment(spec)))
+
+
+def precompile_neuron_objects(spec: PretrainSpec, cluster: KubernetesCluster, files: dict[str, str]) -> dict[str, str]:
+    return _precompile_job(spec, cluster, Command(["bash", "-c", files["precompile.sh"]]))
+
+
+def _train_job(spec: PretrainSpec, cluster: KubernetesCluster, files: dict[str, str], command: Command) -> dict[str, str]:
+    nodes = ("<precompile-nodes>",) if "k8s_precompile.yaml" in files else ()
+    return {"k8s_train.yaml": _yaml(kubernetes.pytorch_job(
+        cluster, spec, f"{spec.name}-train", "train", command, spec.cluster.time_limit_min, nodes))}
+
+
+def train_native_objects(spec: PretrainSpec, cluster: KubernetesCluster, files: dict[str, str]) -> dict[str, str]:
+    return _train_job(spec, cluster, files, Command(["bash", "-c", files["torchrun.sh"]], env=native.environment(spec)))
+
+
+def train_nxdt_objects(spec: PretrainSpec, cluster: KubernetesCluster, files: dict[str, str]) -> dict[str, str]:
+    return _train_job(spec, cluster, files, Command(["bash", "-c", files["train.sh"]]))
+
+
+def train_megatron_objects(spec: PretrainSpec, cluster: KubernetesCluster, files: dict[str, str]) -> dict[str, str]:
+    return _train_job(spec, cluster, files, megatron_lm.node_command(spec, f"{DATASET}/data_text_document",
+                                                                     Path(TRAIN_RUN)))
+
+
+def train_torchtitan_objects(spec: PretrainSpec, cluster: KubernetesCluster, files: dict[str, str]) -> dict[str, str]:
+    return _train_job(spec, cluster, files, torchtitan.node_command(
+        spec, str(torchtitan.loader_dir(Path(TRAIN_RUN))), Path(TRAIN_RUN), spec.model.init_from))

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Callable, Literal, get_args
 
 from blocks.cluster import SlurmCluster
+from blocks.kubernetes import KubernetesCluster
 from pretrain import manifest
 from pretrain.spec import PretrainSpec, TorchtitanSpec
 from flows import stage_files
@@ -69,6 +70,9 @@ class Stage:
     plan: Callable[[PlanInputs], StagePlan] | None
     render: Callable[[PretrainSpec, SlurmCluster], dict[str, str]] | None
     """Its files as its jobs run them on Slurm (flows/stage_files.py)."""
+    objects: Callable[[PretrainSpec, KubernetesCluster, dict[str, str]], dict[str, str]] | None = None
+    """The objects its jobs are on Kubernetes, from its Slurm files; None for a stage that runs
+    in the flow's process (fetch) or on Slurm only (image)."""
     why_not: Callable[[PretrainSpec], str | None] = lambda spec: None
     """Why it does not run for a spec, or None when it does."""
     needs: tuple[str, ...] = ()
@@ -144,7 +148,8 @@ def _plan_tokenize(p: PlanInputs) -> StagePlan:
 
 TOKENIZE = Stage("tokenize", run=lambda spec, outputs, reuse_only: tokenize(spec, outputs["fetch"],
                                                                             reuse_only=reuse_only),
-                 plan=_plan_tokenize, render=stage_files.tokenize_files, needs=("fetch",), cached=True)
+                 plan=_plan_tokenize, render=stage_files.tokenize_files, objects=stage_files.tokenize_objects,
+                 needs=("fetch",), cached=True)
 TOKENIZED_AS_READ = absent("tokenize", lambda spec: (
     "backend.kind=torchtitan: torchtitan's loader tokenizes the fetched JSONL as it reads it (docs/render.md)"))
 
@@ -158,7 +163,8 @@ def _plan_convert(p: PlanInputs) -> StagePlan:
 
 
 CONVERT = Stage("convert", run=lambda spec, outputs, reuse_only: convert(spec, reuse_only=reuse_only),
-                plan=_plan_convert, render=stage_files.convert_files, cached=True,
+                plan=_plan_convert, render=stage_files.convert_files, objects=stage_files.convert_objects,
+                cached=True,
                 why_not=runs_if(lambda spec: spec.model.init_from, "model.init_from is empty: training starts from "
                                 "scratch, there is no checkpoint to convert"))
 CHECKPOINT_AS_IT_IS = absent_on_kind("convert", "reads model.init_from as it is; only NxDT (backend.kind=neuron) "
@@ -186,13 +192,15 @@ def torchtitan_compiles(titan: TorchtitanSpec) -> str:
 
 PRECOMPILE_NATIVE = Stage(
     "precompile", run=lambda spec, outputs, reuse_only: precompile_native(spec, outputs["tokenize"], outputs["fetch"]),
-    plan=_plan_precompile, render=stage_files.precompile_native_files, needs=("fetch", "tokenize"),
+    plan=_plan_precompile, render=stage_files.precompile_native_files,
+    objects=stage_files.precompile_native_objects, needs=("fetch", "tokenize"),
     why_not=runs_if(lambda spec: spec.backend.native.compile,
                     "backend.native.compile=false: nothing is compiled, so there is no cache to fill"))
 PRECOMPILE_NEURON = Stage(
     "precompile", run=lambda spec, outputs, reuse_only: precompile_neuron(spec, outputs["tokenize"],
                                                                          outputs.get("convert")),
-    plan=_plan_precompile, render=stage_files.precompile_neuron_files, needs=("tokenize", "convert"))
+    plan=_plan_precompile, render=stage_files.precompile_neuron_files,
+    objects=stage_files.precompile_neuron_objects, needs=("tokenize", "convert"))
 COMPILED_IN_TRAINING = absent("precompile", lambda spec: torchtitan_compiles(spec.backend.torchtitan))
 FUSED_KERNELS_AT_START = absent("precompile", lambda spec: (
     "backend.kind=megatron-lm: pretrain_gpt.py has no ahead-of-time compile; it warms its fused kernels at the "
@@ -223,21 +231,21 @@ _plan_train = always_runs("train", "never cached: continues this spec's run from
 
 
 def _train(run: Callable[[PretrainSpec, Outputs], Any], render: Callable[..., dict[str, str]],
-           needs: tuple[str, ...]) -> Stage:
+           objects: Callable[..., dict[str, str]], needs: tuple[str, ...]) -> Stage:
     return Stage("train", run=lambda spec, outputs, reuse_only: run(spec, outputs), plan=_plan_train,
-                 render=render, needs=needs)
+                 render=render, objects=objects, needs=needs)
 
 
 TRAIN_NATIVE = _train(lambda spec, outputs: train(spec, outputs["tokenize"], outputs["fetch"],
                                                   nodelist=(outputs.get("precompile") or {}).get("nodes")),
-                      stage_files.train_native_files, ("fetch", "tokenize"))
+                      stage_files.train_native_files, stage_files.train_native_objects, ("fetch", "tokenize"))
 TRAIN_NXDT = _train(lambda spec, outputs: train_nxdt(spec, outputs["tokenize"], outputs.get("convert"),
                                                      outputs.get("precompile")),
-                    stage_files.train_nxdt_files, ("tokenize", "convert"))
+                    stage_files.train_nxdt_files, stage_files.train_nxdt_objects, ("tokenize", "convert"))
 TRAIN_MEGATRON = _train(lambda spec, outputs: train_megatron(spec, outputs["tokenize"], outputs.get("image")),
-                        stage_files.train_megatron_files, ("tokenize", "image"))
+                        stage_files.train_megatron_files, stage_files.train_megatron_objects, ("tokenize", "image"))
 TRAIN_TORCHTITAN = _train(lambda spec, outputs: train_torchtitan(spec, outputs["fetch"]),
-                          stage_files.train_torchtitan_files, ("fetch",))
+                          stage_files.train_torchtitan_files, stage_files.train_torchtitan_objects, ("fetch",))
 
 
 # ---------------------------------------------------------------------- each backend's runbook

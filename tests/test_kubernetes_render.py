@@ -90,6 +90,20 @@ def test_neuron_preset_renders_convert_precompile_and_train_that_validate():
         assert invalid(yaml.safe_load(files[name])) == [], name
 
 
+@pytest.mark.parametrize("preset, objects, pinned", [
+    # torchtitan tokenizes as it loads and compiles in training: its run creates no such job
+    ("llama3-8b-gpu", {"k8s_train.yaml"}, False),
+    # the native trainer's warm-up fills the cache on the nodes training is then held to
+    ("tiny-local", {"k8s_tokenize.yaml", "k8s_precompile.yaml", "k8s_train.yaml"}, True),
+])
+def test_a_run_on_kubernetes_creates_the_objects_of_the_stages_its_backend_runs(preset, objects, pinned):
+    files = render_files(load_spec(preset), eks())
+    assert {name for name in files if name.startswith("k8s_")} == objects
+    for name in objects:
+        assert invalid(yaml.safe_load(files[name])) == [], name
+    assert ("<precompile-nodes>" in files["k8s_train.yaml"]) == pinned
+
+
 def test_the_schemas_catch_what_the_api_server_would_refuse():
     """The validation has teeth: a typo'd field, an integer where the CRD wants a string, a
     missing container name are each reported."""

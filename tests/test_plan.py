@@ -139,15 +139,18 @@ def test_a_stage_named_that_the_backend_has_no_job_for_is_refused_before_anythin
 @pytest.mark.pure
 def test_every_backend_runs_the_runbooks_stages_in_one_order_each_a_whole_value():
     """The flow, the plan and render walk each backend's list: all six stages, in the runbook's
-    order, and every stage that can run has its task, its plan and (but fetch, whose sources the
-    spec lists) its files; a stage the backend has no job for says what does its work."""
+    order, and every stage that can run has its task, its plan, (but fetch, whose sources the
+    spec lists) its files and its Kubernetes objects; a stage the backend has no job for says what
+    does its work."""
     for kind, stages in BACKEND_STAGES.items():
         assert tuple(stage.name for stage in stages) == STAGE_NAMES, kind
         for stage in stages:
             if stage.run is None:
-                assert stage.plan is None and stage.render is None, (kind, stage.name)
+                assert stage.plan is None and stage.render is None and stage.objects is None, (kind, stage.name)
             else:
                 assert stage.plan is not None and (stage.render is not None or stage.name == "fetch"), (kind, stage.name)
+                # on Kubernetes every job but the image build (Slurm's: a pod pulls a registry image)
+                assert (stage.objects is not None) == (stage.name not in ("fetch", "image")), (kind, stage.name)
             assert set(stage.needs) <= set(STAGE_NAMES[:STAGE_NAMES.index(stage.name)]), (kind, stage.name)
 
 
