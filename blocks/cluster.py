@@ -7,7 +7,7 @@ grants it (partition, account, container runtime, setup lines).
 from __future__ import annotations
 
 import re
-from typing import Literal
+from typing import Any, Literal
 
 from prefect.blocks.core import Block
 from pydantic import Field, field_validator
@@ -24,6 +24,15 @@ def variable_names(env: dict[str, str]) -> dict[str, str]:
             raise ValueError(f"{name!r} is not a variable name a shell can export; use letters, digits and "
                              "underscores, not starting with a digit")
     return env
+
+
+def node_mtbf_h_field() -> Any:
+    """Both cluster blocks' ``node_mtbf_h``: the site's node failure rate for the checkpoint advice."""
+    return Field(
+        None, gt=0,
+        description="The site's mean time between failures of one node, in hours, for the checkpoint advice "
+        "(docs/checkpoints.md); a run's own chain of jobs refines it. None: the default derived from the Llama 3 "
+        "paper's 419 unexpected interruptions in 54 days on 2,048 nodes (6,335 h).")
 
 
 class SlurmCluster(Block):
@@ -78,11 +87,7 @@ class SlurmCluster(Block):
         description="A run that queues jobs on more than one node first runs a one-node probe of what its "
         "backend needs; it skips the probe when the same block and spec passed it this recently (minutes). "
         "0 probes before every such run.")
-    node_mtbf_h: float | None = Field(
-        None, gt=0,
-        description="The site's mean time between failures of one node, in hours, for the checkpoint advice "
-        "(docs/checkpoints.md); a run's own chain of jobs refines it. None: the default derived from the Llama 3 "
-        "paper's 419 unexpected interruptions in 54 days on 2,048 nodes (6,335 h).")
+    node_mtbf_h: float | None = node_mtbf_h_field()
     job_folder: str | None = Field(
         None,
         description="Shared-filesystem directory for job scripts and logs; defaults to "

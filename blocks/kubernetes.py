@@ -13,7 +13,7 @@ from typing import Literal
 from prefect.blocks.core import Block
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from blocks.cluster import variable_names
+from blocks.cluster import node_mtbf_h_field, variable_names
 
 # The network settings of the EKS runbook's PyTorchJob (aws-samples/awsome-distributed-training,
 # 3.test_cases/megatron/megatron-lm/kubernetes/gpt3/manifests/pytorchjob.yaml-template, its
@@ -105,11 +105,7 @@ class KubernetesCluster(Block):
         "network_env names too takes this value. A stage's own variables (its command's, NNODES, NODE_RANK, "
         "MASTER_ADDR, MASTER_PORT, NODE_NAME) take theirs over both.")
 
-    node_mtbf_h: float | None = Field(
-        None, gt=0,
-        description="The site's mean time between failures of one node, in hours, for the checkpoint advice "
-        "(docs/checkpoints.md); a run's own chain of jobs refines it. None: the default derived from the Llama 3 "
-        "paper's 419 unexpected interruptions in 54 days on 2,048 nodes (6,335 h).")
+    node_mtbf_h: float | None = node_mtbf_h_field()
 
     @field_validator("network_env", "env")
     @classmethod
