@@ -172,10 +172,16 @@ def precompile_once(spec):
 def test_job_on_slurm_reports_the_node_that_produced_no_results(local_stack, shared_dir):
     """The real job path up to neuron_parallel_compile, which does not exist here: the node's
     directory, links and host name are in place, and the task fails naming the node."""
+    # The node script checks that NxDT's orchestrator is there before its launch; an empty file
+    # where the examples would be lets the job go on to the launch itself, whose program is missing.
+    examples = shared_dir / "neuronx-distributed-training" / "examples"
+    examples.mkdir(parents=True)
+    (examples / "training_orchestrator.py").touch()
     # cpus_per_task: the local stack's node, standing in for a Trainium node, has 2 CPUs, not the runbooks' 128
     spec = load_spec("megatron-gpt-6.7b", [f"paths.root={shared_dir}", "cluster.executor=slurm",
                                            "cluster.time_limit_min=5", "cluster.startup_min=1",
-                                           "backend.neuron.save_before_limit_s=60", "cluster.cpus_per_task=1"])
+                                           "backend.neuron.save_before_limit_s=60", "cluster.cpus_per_task=1",
+                                           f"backend.neuron.examples_dir={examples}"])
     state = precompile_once(spec, return_state=True)
     assert state.is_failed()
     node = subprocess.run(["sinfo", "-h", "-o", "%N"], capture_output=True, text=True, check=True).stdout.strip()
@@ -185,8 +191,7 @@ def test_job_on_slurm_reports_the_node_that_produced_no_results(local_stack, sha
     (node_dir,) = work.glob("attempt-*/node-0")
     assert (node_dir / "host").read_text().strip() == node
     assert (node_dir / "conf").resolve() == work / "conf" and (work / "conf" / "nxdt_config.yaml").exists()
-    assert str((node_dir / "training_orchestrator.py").readlink()).endswith(
-        "neuronx-distributed-training/examples/training_orchestrator.py")
+    assert (node_dir / "training_orchestrator.py").readlink() == examples / "training_orchestrator.py"
     assert "neuron_parallel_compile: command not found" in (node_dir / "npc.log").read_text()
     assert json.loads((work / "attempt.json").read_text())["unreported_nodes"] == [node]
     with get_client(sync_client=True) as client:

@@ -244,7 +244,12 @@ def test_a_job_sets_what_its_program_reads_and_takes_nothing_else_from_the_submi
     monkeypatch.setenv("COMPILE", "1")
     monkeypatch.setenv("HF_TOKEN", "hf_left_in_the_workers_shell")
     monkeypatch.setenv("PREFECT_API_AUTH_STRING", "pretrain:the-workers-credential")  # the API's, if it has auth
-    spec = load_spec("llama3-70b", [f"paths.root={shared_dir}"])
+    # the node script checks that NxDT's orchestrator is there before its launch, which here records
+    # the environment instead: an empty file where the examples would be
+    examples = shared_dir / "examples"
+    examples.mkdir()
+    (examples / "training_orchestrator.py").touch()
+    spec = load_spec("llama3-70b", [f"paths.root={shared_dir}", f"backend.neuron.examples_dir={examples}"])
     report = [sys.executable, "-c", "import json, os, sys; json.dump(dict(os.environ), open(sys.argv[1], 'w'))"]
     script = shared_dir / "train.sh"
     script.write_text(node_script(spec, "NxDT training on this node (train.sh)", train_environment(spec, None),

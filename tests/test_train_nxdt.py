@@ -142,7 +142,11 @@ def test_megatron_lm_nodes_log_beside_the_run_and_resume_from_their_own_checkpoi
     script = command.argv[2]
     assert subprocess.run(["bash", "-n", "-c", script]).returncode == 0
     line = shell_line(megatron_torchrun(spec, "/fsx/data/oscar_text_document", str(tmp_path / "checkpoints")))
-    assert script == f"set -o pipefail; {line} 2>&1 | tee -a {tmp_path}/node-$NODE_RANK.log"
+    log = f"{tmp_path}/node-$NODE_RANK.log"
+    # first a check that the image holds pretrain_gpt.py: a missing script is not worth a second job
+    guard, _, launch = script.removeprefix("set -o pipefail; ").partition(" exit 127; }; ")
+    assert guard.startswith("[ -e /workspace/Megatron-LM/pretrain_gpt.py ] || {") and f"| tee -a {log} >&2;" in guard
+    assert launch == f"{line} 2>&1 | tee -a {log}"
     argv = line.split()
     assert argv[argv.index("--save") + 1] == argv[argv.index("--load") + 1] == str(tmp_path / "checkpoints")
 
