@@ -54,34 +54,54 @@ class SacctRecord:
     exit_code: str
     nodes: str
     elapsed: str
+    submit: str = ""
+    end: str = ""
 
 
 # ---------------------------------------------------------------- Slurm text, parsed here only
 
-SACCT_FIELDS = "JobID,State,ExitCode,NodeList,Elapsed"
+SACCT_FIELDS = "JobID,State,ExitCode,NodeList,Elapsed,Submit,End"
 
 
 def parse_sacct(text: str) -> dict[str, SacctRecord]:
-    """Records of ``sacct -X --parsable2 --noheader -o JobID,State,ExitCode,NodeList,Elapsed``.
+    """Each job's record that says where it stands, of ``sacct -X --duplicates --parsable2
+    --noheader -o JobID,State,ExitCode,NodeList,Elapsed,Submit,End`` (a job's records oldest
+    first): its latest, except for a job Slurm queued again after losing one of its nodes.
+
+    That job's latest record is PENDING, submitted the moment its NODE_FAIL record ended, and
+    without ``--duplicates`` sacct shows only that one: the NODE_FAIL lasts less than a poll
+    (measured on the local cluster: RUNNING, then PENDING with the NODE_FAIL behind it). The job
+    layer ends such a job as the NODE_FAIL it was (``REQUEUED_BY_SLURM``), naming its lost node,
+    instead of leaving it queued for that node.
 
     The state keeps only its first word: ``CANCELLED by 0`` is CANCELLED; a job that never got
     nodes has "" for them, not sacct's placeholder.
     """
-    records = {}
+    history: dict[str, list[SacctRecord]] = {}
     for line in text.splitlines():
         parts = line.strip().split("|")
-        if len(parts) != 5 or not parts[0]:
+        if len(parts) != 7 or not parts[0]:
             continue
-        job_id, state, exit_code, nodes, elapsed = parts
-        records[job_id] = SacctRecord(job_id, state.split()[0] if state else "UNKNOWN", exit_code,
-                                      "" if nodes in ("None assigned", "(null)") else nodes, elapsed)
-    return records
+        job_id, state, exit_code, nodes, elapsed, submit, end = parts
+        history.setdefault(job_id, []).append(SacctRecord(
+            job_id, state.split()[0] if state else "UNKNOWN", exit_code,
+            "" if nodes in ("None assigned", "(null)") else nodes, elapsed, submit, end))
+    return {job_id: _where_it_stands(records) for job_id, records in history.items()}
+
+
+def _where_it_stands(records: list[SacctRecord]) -> SacctRecord:
+    latest = records[-1]
+    if len(records) > 1 and latest.state == "PENDING":
+        before = records[-2]
+        if before.state in REQUEUED_BY_SLURM and before.end == latest.submit:
+            return before
+    return latest
 
 
 def query_slurm_state(job_id: str) -> SacctRecord | None:
     """The job's accounting record; without accounting, whether squeue still lists it."""
     out = subprocess.run(
-        ["sacct", "-X", "--parsable2", "--noheader", "-o", SACCT_FIELDS, "-j", job_id],
+        ["sacct", "-X", "--duplicates", "--parsable2", "--noheader", "-o", SACCT_FIELDS, "-j", job_id],
         capture_output=True, text=True, timeout=60,
     )
     if out.returncode == 0:

@@ -49,9 +49,17 @@ def wait_running(job, timeout_s: float = 30) -> None:
 # ---------------------------------------------------------------- pure parts
 
 
+T0, T1 = "2026-11-29T10:07:37", "2026-11-29T10:08:11"
+
+
+def sacct_lines(*records: str) -> str:
+    """sacct lines of SACCT_FIELDS, each given without its Submit and End."""
+    return "".join(f"{record}|{T0}|{T1}\n" for record in records)
+
+
 def test_parse_sacct_reads_states_exit_codes_and_nodes():
-    text = ("41|COMPLETED|0:0|localhost|00:00:01\n42|CANCELLED by 0|0:15|localhost|00:00:07\n43_1|TIMEOUT|0:0|n[1-2]|00:01:30\n"
-            "44|PENDING|0:0|None assigned|00:00:00\n")
+    text = sacct_lines("41|COMPLETED|0:0|localhost|00:00:01", "42|CANCELLED by 0|0:15|localhost|00:00:07",
+                       "43_1|TIMEOUT|0:0|n[1-2]|00:01:30", "44|PENDING|0:0|None assigned|00:00:00")
     records = parse_sacct(text)
     assert records["44"].nodes == ""  # not sacct's placeholder, which no consumer could use as a node list
     assert records["41"].state == "COMPLETED"
@@ -59,11 +67,24 @@ def test_parse_sacct_reads_states_exit_codes_and_nodes():
     assert records["43_1"].nodes == "n[1-2]"
 
 
+def test_a_job_slurm_queued_again_after_losing_a_node_stands_as_its_node_fail():
+    """sacct --duplicates of a 3-node job whose node3 died (the local cluster's, as measured):
+    the NODE_FAIL record, then the requeued copy, PENDING from the moment the NODE_FAIL ended.
+    Without the NODE_FAIL the job layer would leave the copy waiting for the lost node."""
+    requeued = (f"2|NODE_FAIL|0:0|node[1-3]|00:00:33|{T0}|{T1}\n"
+                f"2|PENDING|0:0|None assigned|00:00:00|{T1}|Unknown\n")
+    record = parse_sacct(requeued)["2"]
+    assert (record.state, record.nodes) == ("NODE_FAIL", "node[1-3]")
+    # a PENDING job whose earlier record ended at another time is that PENDING job (a reused id)
+    reused = requeued.replace(f"|{T1}|Unknown", "|2026-11-30T08:00:00|Unknown")
+    assert parse_sacct(reused)["2"].state == "PENDING"
+
+
 def test_job_outcome_says_how_every_ended_job_ended():
     """The run summary's jobs table left the outcome of every job but training's empty."""
-    records = parse_sacct("41|COMPLETED|0:0|localhost|00:00:01\n42|FAILED|1:0|localhost|00:00:07\n"
-                          "43|CANCELLED by 0|0:15|n[1-2]|00:00:07\n44|TIMEOUT|0:0|n1|00:30:00\n"
-                          "45|PENDING|0:0|None assigned|00:00:00\n46|RUNNING|0:0|n1|00:00:03\n")
+    records = parse_sacct(sacct_lines("41|COMPLETED|0:0|localhost|00:00:01", "42|FAILED|1:0|localhost|00:00:07",
+                                      "43|CANCELLED by 0|0:15|n[1-2]|00:00:07", "44|TIMEOUT|0:0|n1|00:30:00",
+                                      "45|PENDING|0:0|None assigned|00:00:00", "46|RUNNING|0:0|n1|00:00:03"))
     assert {job_id: job_outcome(r) for job_id, r in records.items()} == {
         "41": "completed", "42": "FAILED with exit code 1:0", "43": "CANCELLED with exit code 0:15",
         "44": "TIMEOUT", "45": "", "46": ""}
