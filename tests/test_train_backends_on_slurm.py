@@ -14,6 +14,7 @@ put them."""
 from __future__ import annotations
 
 import subprocess
+import time
 import uuid
 from pathlib import Path
 
@@ -48,12 +49,17 @@ def train_stage(task, spec, *inputs):
     return task(spec, *inputs)
 
 
-def job_names(name: str) -> list[str]:
-    """The ids of the jobs of this name in Slurm's accounting (the task follows each job to its end
-    through it, so every job the task submitted is there by now)."""
-    out = subprocess.run(["sacct", "-X", "-n", "-P", "-S", "now-1hours", "--name", name, "-o", "JobID"],
-                         capture_output=True, text=True, check=True).stdout
-    return out.split()
+def job_names(name: str, timeout_s: float = 60) -> list[str]:
+    """The ids of the jobs of this name in Slurm's accounting, once it lists any: slurmctld hands
+    a job's records to slurmdbd on its own schedule, which lags behind the job's end on a busy
+    machine (the task may have seen the end through squeue while sacct could not answer)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        out = subprocess.run(["sacct", "-X", "-n", "-P", "-S", "now-1hours", "--name", name, "-o", "JobID"],
+                             capture_output=True, text=True)
+        if (out.returncode == 0 and out.stdout.split()) or time.monotonic() > deadline:
+            return out.stdout.split()
+        time.sleep(1)
 
 
 def run_until_a_program_is_missing(task, spec, program: str, *inputs) -> Path:
