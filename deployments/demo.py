@@ -23,6 +23,7 @@ from pretrain.corpus import corpus_texts, write_jsonl
 from pretrain.presets import load_spec
 from pretrain.toy_tokenizers import llama3_style
 from tasks.artifacts import artifact_key
+from trainer.run_layout import metrics_path
 
 PRESET = "tiny-local"
 BUCKET = "pretrain-demo"
@@ -138,5 +139,5 @@ def main(inputs_only: bool = False, overrides: list[str] | None = None) -> int:
     # The last line: the run's outcome and, for a run that trained, the whole table of its steps
     # (the artifacts hold a downsample); else what the flow returned, a failure's message included.
     print(f"\npretrain flow: {state.name}; "
-          + (f"every step's metrics: {Path(train['run_dir']) / 'metrics.jsonl'}" if train else f"outputs: {outputs}"))
+          + (f"every step's metrics: {metrics_path(train['run_dir'])}" if train else f"outputs: {outputs}"))
     return 0 if state.is_completed() else 1

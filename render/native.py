@@ -12,7 +12,7 @@ from typing import Any
 
 from pretrain.spec import PretrainSpec
 from render.dataset_files import blend
-from trainer.run_layout import checkpoint_dir
+from trainer.run_layout import checkpoint_dir, metrics_path
 
 # torchrun forwards these to the ranks; Slurm sends USR2 ahead of the time limit (--signal).
 FORWARDED_SIGNALS = "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1,SIGUSR2"
@@ -50,7 +50,7 @@ def train_config(spec: PretrainSpec, *, dataset: str, run_dir: str, eod_id: int,
         "checkpoint": {"dir": str(checkpoint_dir(run)), "keep": n.checkpoint_keep, "async_save": n.async_checkpoint,
                        "interval": max(t.checkpoint_steps, steps) if warmup_only else t.checkpoint_steps,
                        "final": not warmup_only},
-        "metrics": {"jsonl_path": str(run / "metrics.jsonl"), "tensorboard_dir": str(run / "tensorboard")},
+        "metrics": {"jsonl_path": str(metrics_path(run)), "tensorboard_dir": str(run / "tensorboard")},
         "parallel": {"tp": spec.parallel.tp, "activation_checkpointing": n.activation_checkpointing,
                      "compile": n.compile, "float8": n.float8},
         "device": n.device,

@@ -26,7 +26,7 @@ from render.monitor import monitor_command
 from tasks.artifacts import native_compile_rows, retryable
 from tasks.attempts import MetricsFollower, finish_run, run_attempts
 from tasks.runs import run_dir
-from trainer.run_layout import checkpoint_dir
+from trainer.run_layout import checkpoint_dir, metrics_path
 
 
 def write_config(path: Path, config: dict[str, Any]) -> None:
@@ -50,7 +50,7 @@ def train(spec: PretrainSpec, dataset: str, data_dir: str, nodelist: list[str] |
     command = Command(native.torchrun_command(spec, str(config_path), str(record_path), python=sys.executable),
                       env=native.environment(spec),
                       sidecar=monitor_command(spec, str(directory)))
-    follower = MetricsFollower(spec, directory / "metrics.jsonl", spec.training.steps, n.hang_timeout_min * 60,
+    follower = MetricsFollower(spec, metrics_path(directory), spec.training.steps, n.hang_timeout_min * 60,
                                devices_dir=directory / "devices")
 
     def prepare(attempt: int, launch: PretrainSpec) -> JobRequest:

@@ -1,5 +1,5 @@
 """How a training run is laid out, over its ranks and on disk: the arithmetic of the global batch
-and where a run's checkpoints go. One copy of each, asked by the pipeline spec and the launch
+and where a run's checkpoints and metrics go. One copy of each, asked by the pipeline spec and the launch
 rendering on the control plane and by the trainer on the node. Standard library only, so the node
 programs do not take in the spec's pydantic.
 
@@ -44,6 +44,12 @@ def checkpoint_dir(run_dir: str | Path) -> Path:
     Megatron-LM's ``--save``/``--load``, and under NxDT's ``explicit_log_dir``, where its
     exp_manager writes them by the same name."""
     return Path(run_dir) / "checkpoints"
+
+
+def metrics_path(run_dir: str | Path) -> Path:
+    """The native trainer's metrics stream of the run in ``run_dir`` (one JSON line a step): its
+    ``metrics.jsonl_path``, which the train task follows and the demo names."""
+    return Path(run_dir) / "metrics.jsonl"
 
 
 def step_dir(root: Path, step: int) -> Path:
