@@ -27,11 +27,8 @@ and none of their fused kernels (gradient accumulation, masked softmax), which `
 from __future__ import annotations
 
 import argparse
-import os
 import re
 import shutil
-import statistics
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -39,17 +36,22 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from pretrain.corpus import corpus_texts, write_jsonl  # noqa: E402
-from pretrain.log_parsers import parse_log  # noqa: E402
-from pretrain.presets import load_spec  # noqa: E402
-from pretrain.toy_tokenizers import gpt2_style  # noqa: E402
-from render.dataset_files import tokenizer_paths  # noqa: E402
-from render.megatron_lm import PRETRAIN_GPT, node_command  # noqa: E402
-from render.tokenize_command import tokenize_command  # noqa: E402
-from trainer.tokenize import output_prefix  # noqa: E402
+import corpus_stages  # noqa: E402
+from node_launch import NodeRun, run_node  # noqa: E402
 
-CORPUS_BYTES = 8_000_000
+from pretrain.corpus import corpus_texts, write_jsonl  # noqa: E402
+from pretrain.presets import load_spec  # noqa: E402
+from pretrain.spec import PretrainSpec  # noqa: E402
+from pretrain.toy_tokenizers import gpt2_style  # noqa: E402
+from render.megatron_lm import PRETRAIN_GPT, node_command  # noqa: E402
+
+WARMUP_ITERATIONS = 5
 NO_TE_OR_APEX = ["--transformer-impl", "local", "--no-gradient-accumulation-fusion", "--no-masked-softmax-fusion", "--no-persist-layer-norm"]
+# GPT-2 small's shape, micro-batches of 8 in a global batch of 16, no activation recompute.
+GPT2_SMALL = ["model.num_layers=12", "model.hidden_size=768", "model.num_attention_heads=12",
+              "model.ffn_hidden_size=3072", "model.seq_length=1024", "model.max_position_embeddings=1024",
+              "training.micro_batch_size=8", "training.global_batch_size=16",
+              "backend.megatron_lm.recompute_activations=false"]
 
 
 def megatron_version(checkout: Path) -> str:
@@ -57,21 +59,56 @@ def megatron_version(checkout: Path) -> str:
     return ".".join(re.search(rf"^{part} = (\d+)", info, re.M).group(1) for part in ("MAJOR", "MINOR", "PATCH"))
 
 
-def spec_for(work: Path, steps: int, vocab: Path, merges: Path):
+def checkout_refusal() -> str | None:
+    """Why the rendered launch cannot run here: no Megatron-LM where it runs it, or another release."""
+    checkout = Path(PRETRAIN_GPT).parent
+    version = load_spec("gpt3-7.5b-gpu").backend.megatron_lm.version
+    if not (checkout / "pretrain_gpt.py").exists():
+        return f"{PRETRAIN_GPT} is missing: put a Megatron-LM checkout (tag core_v{version}) at {checkout}"
+    if (found := megatron_version(checkout)) != version:
+        return f"{checkout} is Megatron-LM {found}; the launch is rendered for {version}"
+    return None
+
+
+def spec_for(work: Path, steps: int, vocab: Path, merges: Path, shape: list[str] = GPT2_SMALL,
+             extra_args: list[str] = ()) -> PretrainSpec:
+    """``gpt3-7.5b-gpu`` on one GPU at ``shape``: iterations instead of samples, validation every 20,
+    checkpoints half-way and at the end."""
     return load_spec("gpt3-7.5b-gpu", [
-        "model.size=null", "model.num_layers=12", "model.hidden_size=768", "model.num_attention_heads=12",
-        "model.ffn_hidden_size=3072", "model.seq_length=1024", "model.max_position_embeddings=1024",
-        "parallel.tp=1", "parallel.sequence_parallel=false",
+        "model.size=null", "parallel.tp=1", "parallel.sequence_parallel=false",
         "training.train_samples=null", f"training.train_steps={steps}", "training.warmup_steps=10",
-        "training.micro_batch_size=8", "training.global_batch_size=16", "training.lr=6.0e-4",
-        "training.min_lr=6.0e-5", "training.eval_interval=20", "training.eval_iters=5",
+        "training.lr=6.0e-4", "training.min_lr=6.0e-5", "training.eval_interval=20", "training.eval_iters=5",
         f"training.checkpoint_interval={steps // 2}",
         "cluster.nodes=1", "cluster.devices_per_node=1",
         "backend.megatron_lm.container_image=null", "backend.megatron_lm.container_mounts=[]",
         "backend.megatron_lm.lr_decay_samples=null", "backend.megatron_lm.lr_warmup_samples=null",
-        "backend.megatron_lm.recompute_activations=false",
-        f"backend.megatron_lm.extra_args=[{', '.join(NO_TE_OR_APEX)}]",
-        f"tokenizer.vocab_file={vocab}", f"tokenizer.merges_file={merges}", f"paths.root={work}"])
+        f"backend.megatron_lm.extra_args=[{', '.join(repr(arg) for arg in [*NO_TE_OR_APEX, *extra_args])}]",
+        f"tokenizer.vocab_file={vocab}", f"tokenizer.merges_file={merges}", f"paths.root={work}", *shape])
+
+
+def gpt2_corpus(work: Path) -> tuple[Path, Path, Path]:
+    """A corpus (JSONL) and a GPT-2-style BPE trained on it: the corpus, vocab and merges files."""
+    corpus = work / "corpus.jsonl"
+    documents = write_jsonl(corpus, corpus_stages.CORPUS_BYTES, include_site_packages=True)
+    vocab, merges = gpt2_style(work / "tokenizer", corpus_texts(corpus_stages.CORPUS_BYTES))
+    print(f"corpus: {documents} documents, {corpus.stat().st_size / 1e6:.1f} MB", flush=True)
+    return corpus, vocab, merges
+
+
+def tokenized(spec: PretrainSpec, corpus: Path, data: Path) -> str:
+    """The tokenize stage's output, the tokenizer's files beside it, where the tokenize stage keeps
+    them and the launch names them."""
+    dataset = corpus_stages.tokenized(spec, corpus, data)
+    for file in (spec.tokenizer.vocab_file, spec.tokenizer.merges_file):
+        shutil.copy(file, data / Path(file).name)
+    return dataset
+
+
+def launch(spec: PretrainSpec, dataset: str, run: Path, keep_log: Path | None = None) -> NodeRun:
+    run.mkdir(parents=True)
+    command = node_command(spec, dataset, run)
+    print("launch:", command.argv[-1], flush=True)
+    return run_node(command.argv, run, env=command.env, cwd=run, sampler=command.sidecar, keep_log=keep_log)
 
 
 def main() -> None:
@@ -79,49 +116,22 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--keep-log", type=Path, help="copy the node's log here")
     args = parser.parse_args()
-    checkout = Path(PRETRAIN_GPT).parent
-    version = load_spec("gpt3-7.5b-gpu").backend.megatron_lm.version
-    if not (checkout / "pretrain_gpt.py").exists():
-        sys.exit(f"{PRETRAIN_GPT} is missing: put a Megatron-LM checkout (tag core_v{version}) at {checkout}")
-    if (found := megatron_version(checkout)) != version:
-        sys.exit(f"{checkout} is Megatron-LM {found}; the launch is rendered for {version}")
+    if refusal := checkout_refusal():
+        sys.exit(refusal)
 
     work = Path(tempfile.mkdtemp(prefix="megatron-lm-gpu-"))
-    corpus = work / "corpus.jsonl"
-    documents = write_jsonl(corpus, CORPUS_BYTES, include_site_packages=True)
-    vocab, merges = gpt2_style(work / "tokenizer", corpus_texts(CORPUS_BYTES))
+    corpus, vocab, merges = gpt2_corpus(work)
     spec = spec_for(work, args.steps, vocab, merges)
-    data = work / "data"
-    data.mkdir()
-    prefix = str(data / "corpus")
-    subprocess.run(tokenize_command(spec, [str(corpus)], prefix, {k: str(v) for k, v in tokenizer_paths(spec, work / "tokenizer").items()},
-                                    python=sys.executable), cwd=ROOT, check=True)
-    dataset = output_prefix(prefix, "text")
-    for file in (vocab, merges):  # beside the dataset, where the launch names them
-        shutil.copy(file, data / file.name)
-    print(f"corpus: {documents} documents, {corpus.stat().st_size / 1e6:.1f} MB; dataset {dataset}", flush=True)
+    dataset = tokenized(spec, corpus, work / "data")
+    run = launch(spec, dataset, work / "run", args.keep_log)
 
-    run = work / "run"
-    run.mkdir()
-    command = node_command(spec, dataset, run)
-    env = {**os.environ, **command.env, "NNODES": "1", "NODE_RANK": "0", "MASTER_ADDR": "127.0.0.1"}
-    print("launch:", command.argv[-1], flush=True)
-    returncode = subprocess.run(command.argv, env=env, cwd=run).returncode
-    log = (run / "node-0.log").read_text(errors="replace")
-    if args.keep_log:
-        shutil.copy(run / "node-0.log", args.keep_log)
-
-    points = parse_log(log).points
-    with_loss = sorted(step for step, point in points.items() if "loss" in point)
+    points = run.points
     validated = ", ".join(f"{step}: {p['val_loss']:.3f}" for step, p in sorted(points.items()) if "val_loss" in p)
-    print(f"Megatron-LM {version} exit {returncode}; iteration lines with a loss: {len(with_loss)} of "
-          f"{args.steps}; validation loss by iteration: {validated or 'none'}")
-    step_ms = [points[s]["step_time_ms"] for s in with_loss[5:] if "step_time_ms" in points[s]]
-    if step_ms:
-        first, last = points[with_loss[0]]["loss"], points[with_loss[-1]]["loss"]
-        print(f"lm loss {first:.3f} (iteration {with_loss[0]}) -> {last:.3f} (iteration {with_loss[-1]}); "
-              f"median {statistics.median(step_ms):.1f} ms an iteration after the first 5")
-    if returncode != 0 or with_loss != list(range(1, args.steps + 1)):
+    print(f"Megatron-LM {spec.backend.megatron_lm.version} exit {run.returncode}; iteration lines with a loss: "
+          f"{len(run.steps_with_loss)} of {args.steps}; validation loss by iteration: {validated or 'none'}")
+    if (step_ms := run.median("step_time_ms", WARMUP_ITERATIONS)) is not None:
+        print(f"{run.loss_line()}; median {step_ms:.1f} ms an iteration after the first {WARMUP_ITERATIONS}")
+    if run.returncode != 0 or run.steps_with_loss != list(range(1, args.steps + 1)):
         sys.exit(1)
 
 

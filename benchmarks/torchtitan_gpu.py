@@ -28,8 +28,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -38,16 +36,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from pretrain import manifest  # noqa: E402
-from pretrain.corpus import corpus_texts, write_jsonl  # noqa: E402
-from pretrain.log_parsers import parse_log  # noqa: E402
+from corpus_stages import fetched_corpus  # noqa: E402
+from node_launch import NodeRun, run_node  # noqa: E402
+
 from pretrain.presets import load_spec  # noqa: E402
-from pretrain.spec import TORCHTITAN_FLAVOURS, flavour_overrides  # noqa: E402
-from pretrain.toy_tokenizers import llama3_style  # noqa: E402
+from pretrain.spec import TORCHTITAN_FLAVOURS, PretrainSpec, flavour_overrides  # noqa: E402
 from render.torchtitan import node_command  # noqa: E402
 from tasks.train_torchtitan import loader_view  # noqa: E402
 
-CORPUS_BYTES = 8_000_000
 WARMUP_STEPS = 5  # compile and the allocator's first steps, left out of the medians
 SHAPES = {
     "tiny": ("debugmodel", ["model.seq_length=2048", "training.micro_batch_size=8", "training.global_batch_size=8",
@@ -66,6 +62,33 @@ def spec_for(shape: str, work: Path, steps: int, tokenizer: Path, float8: bool, 
         *extra])
 
 
+# The nodes import trainer.torchtitan_configs from the repository root.
+NODE_PYTHONPATH = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+
+
+def torchtitan_refusal() -> str | None:
+    """Why torchtitan cannot start on this machine, found in seconds before anything is built;
+    None where it imports. torchtitan 0.3.0 imports names torch 2.12 added
+    (``torch.distributed.fsdp.DataParallelMeshDims``); the lent GPU machines' image had torch 2.11
+    (2026-11), and a CUDA build of torch is far more than the device tool carries."""
+    done = subprocess.run([sys.executable, "-c", "import torchtitan.train, trainer.torchtitan_configs"], cwd=ROOT,
+                          env={**os.environ, "PYTHONPATH": NODE_PYTHONPATH}, capture_output=True, text=True)
+    if done.returncode == 0:
+        return None
+    import torch
+
+    last = (done.stderr.strip().splitlines() or ["no error output"])[-1]
+    return f"torchtitan does not import with this machine's torch {torch.__version__}: {last}"
+
+
+def launch(spec: PretrainSpec, fetched: Path, run: Path, keep_log: Path | None = None) -> NodeRun:
+    """The train task's loader view of ``fetched`` and the rendered node command, run as one node."""
+    command = node_command(spec, str(loader_view(fetched, run, spec.data)), run)
+    print(f"torchtitan {spec.backend.torchtitan.registry}; launch: {command.argv[-1]}", flush=True)
+    return run_node(command.argv, run, env={**command.env, "PYTHONPATH": NODE_PYTHONPATH}, sampler=command.sidecar,
+                    keep_log=keep_log)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("shape", choices=sorted(SHAPES))
@@ -74,39 +97,20 @@ def main() -> None:
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="another spec override")
     parser.add_argument("--keep-log", type=Path, help="copy the node's log here")
     args = parser.parse_args()
+    if refusal := torchtitan_refusal():
+        sys.exit(refusal)
 
     work = Path(tempfile.mkdtemp(prefix=f"torchtitan-{args.shape}-"))
-    fetched = work / "fetched"
-    fetched.mkdir()
-    documents = write_jsonl(fetched / "corpus.jsonl", CORPUS_BYTES, include_site_packages=True)
-    manifest.write_manifest(fetched, "fetch", {"corpus": CORPUS_BYTES})
-    vocab = TORCHTITAN_FLAVOURS[SHAPES[args.shape][0]][4]
-    tokenizer = llama3_style(work / "tokenizer", corpus_texts(CORPUS_BYTES), vocab_size=min(vocab, 4096))
+    fetched, tokenizer = fetched_corpus(work, TORCHTITAN_FLAVOURS[SHAPES[args.shape][0]][4])
     spec = spec_for(args.shape, work, args.steps, tokenizer, args.float8, args.set)
-    print(f"corpus: {documents} documents; torchtitan {spec.backend.torchtitan.registry}", flush=True)
-
-    run = work / "run"
-    command = node_command(spec, str(loader_view(fetched, run, spec.data)), run)
-    env = {**os.environ, **command.env, "NNODES": "1", "NODE_RANK": "0", "MASTER_ADDR": "127.0.0.1",
-           "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
-    print("launch:", command.argv[-1], flush=True)
-    returncode = subprocess.run(command.argv, env=env, cwd=ROOT).returncode
-    log = run / "node-0.log"
-    if args.keep_log and log.exists():
-        shutil.copy(log, args.keep_log)
-
-    points = parse_log(log.read_text(errors="replace") if log.exists() else "").points
-    with_loss = sorted(step for step, point in points.items() if "loss" in point)
-    print(f"torchtitan exit {returncode}; step lines with a loss: {len(with_loss)} of {args.steps}")
-    steady = [points[s] for s in with_loss if s > WARMUP_STEPS]
-    if steady:
+    run = launch(spec, fetched, work / "run", args.keep_log)
+    print(f"torchtitan exit {run.returncode}; step lines with a loss: {len(run.steps_with_loss)} of {args.steps}")
+    if run.steps_with_loss:
         def median(key: str) -> float:
-            return statistics.median(p[key] for p in steady if key in p) if any(key in p for p in steady) else float("nan")
-        first, last = points[with_loss[0]]["loss"], points[with_loss[-1]]["loss"]
-        print(f"loss {first:.3f} (step {with_loss[0]}) -> {last:.3f} (step {with_loss[-1]}); after step {WARMUP_STEPS}, "
-              f"medians: {median('tokens_per_s_per_device'):,.0f} tokens/s, MFU {median('mfu_pct'):.1f} %, "
-              f"{median('memory_gib'):.1f} GiB")
-    if returncode != 0 or with_loss != list(range(1, args.steps + 1)):
+            return run.median(key, WARMUP_STEPS) or float("nan")
+        print(f"{run.loss_line()}; after step {WARMUP_STEPS}, medians: {median('tokens_per_s_per_device'):,.0f} "
+              f"tokens/s, MFU {median('mfu_pct'):.1f} %, {median('memory_gib'):.1f} GiB")
+    if run.returncode != 0 or run.steps_with_loss != list(range(1, args.steps + 1)):
         sys.exit(1)
 
 

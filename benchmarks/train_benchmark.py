@@ -4,7 +4,8 @@
     .venv/bin/python benchmarks/train_benchmark.py tiny-local
     python benchmarks/train_benchmark.py gpu [--steps 30] [--micro-batch 8] [--global-batch 16]
                                              [--checkpoint-interval 10] [--smoke]
-    python benchmarks/train_benchmark.py float8 [--steps 200] [--micro-batch 8] [--global-batch 16] [--smoke]
+    python benchmarks/train_benchmark.py float8 [--steps 200] [--micro-batch 8] [--global-batch 16] [--layers N] [--smoke]
+    python benchmarks/train_benchmark.py profile [--steps 20] [--micro-batch 8] [--global-batch 16] [--smoke]
     python benchmarks/train_benchmark.py resume [--steps 40]
 
 overhead: wall time per step of ``python -m trainer train`` (data loading from a Megatron
@@ -30,9 +31,15 @@ device, and the trainer's overhead ratio over it (target <= 1.05) without and wi
 checkpoints. Needs the trainer's dependencies beside a CUDA PyTorch (megatron-core for the dataset). ``--smoke`` runs the same path with the small overhead
 model on whatever device there is, to check the command.
 
-float8: the gpu benchmark's model trained from the same seed on the same data in bf16, then with
-float8 linear layers (torchao, tensorwise dynamic scales); prints each one's tokens/s and loss,
-and the speed-up (target >= 1.3x at the same loss curve). Needs a GPU of compute capability 8.9+.
+float8: the gpu benchmark's model, or ``--layers N`` of Llama 3 8B's layers, trained from the same
+seed on the same tokenized text in bf16, then with float8 linear layers (torchao, tensorwise
+dynamic scales); prints each one's tokens/s, peak memory and loss, and the speed-up (target >= 1.3x,
+the final loss within 1 %). Needs a GPU of compute capability 8.9+.
+
+profile: where the gpu benchmark's bare step spends its time, with the loss eager and compiled:
+the device kernels of 3 profiled steps by kind (matrix products, attention, fused Triton kernels,
+the loss, the optimizer, copies) and the longest ones, as shares of the step; the step time and
+MFU of each, and the compiled loss's speed-up. ``--smoke`` runs it with the small model anywhere.
 
 resume: not a timing but the check that belongs beside it on a lent accelerator, which the suite
 (CPU only) cannot make: the small model trains ``--steps`` steps on the default device, once in
@@ -44,6 +51,7 @@ resumed step's loss from the uninterrupted run's.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -71,6 +79,10 @@ LLAMA_1B = {"family": "llama", "num_layers": 16, "hidden_size": 2048, "ffn_hidde
             "rope_theta": 500000.0}
 
 
+# Llama 3 8B's layer (the float8 benchmark repeats it as often as one GPU holds).
+LLAMA_8B_LAYER = {"hidden_size": 4096, "ffn_hidden_size": 14336, "num_attention_heads": 32, "num_kv_heads": 8}
+
+
 def synthetic_dataset(prefix: Path, vocab_size: int = 4096, documents: int = 2000, max_length: int = 512) -> None:
     from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
 
@@ -88,14 +100,17 @@ CPU_SHAPE = {"model": MODEL, "seq": SEQ, "micro": MICRO, "global_batch": GLOBAL,
              "precision": "fp32", "compile": False}
 
 
-def bare_loop(steps: int, shape: dict, glibc_defaults: bool = False) -> float:
+def bare_loop(steps: int, shape: dict, glibc_defaults: bool = False, profile_steps: int = 0) -> float:
     """Seconds per step after warm-up: the model, AdamW and a fixed batch, nothing else. The
-    trainer's own building blocks (model, per-block compile, optimizer, device choices), so the
-    difference to a trainer run is what the trainer adds: data loading, metrics, checkpoints and
-    the per-step agreement between ranks."""
+    trainer's own building blocks (model, per-block compile, loss, optimizer, device choices), so
+    the difference to a trainer run is what the trainer adds: data loading, metrics, checkpoints
+    and the per-step agreement between ranks. ``shape["compile_loss"]`` (default: as the blocks)
+    compiles the loss or not; ``profile_steps``: the last steps run under torch.profiler, and
+    where their time went is printed."""
     from trainer.run_layout import grad_accumulation
     from trainer.train import device as devices
     from trainer.train.config import ModelConfig, OptimConfig
+    from trainer.train.loss import loss_function
     from trainer.train.model import build, materialize
     from trainer.train.optimizer import build_optimizer
     from trainer.train.parallelize import apply_compile
@@ -112,43 +127,109 @@ def bare_loop(steps: int, shape: dict, glibc_defaults: bool = False) -> float:
     dtype = devices.compute_dtype(device, shape["precision"])
     autocast = torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32)
     tokens = torch.randint(0, shape["model"]["vocab_size"], (shape["micro"], shape["seq"]), device=device)
+    mask = torch.ones(tokens.shape, device=device)
     accumulation = grad_accumulation(shape["global_batch"], shape["micro"], 1)  # one rank
+    token_loss = loss_function(device, shape.get("compile_loss", shape["compile"]))
 
     def loss() -> torch.Tensor:
         # A function, as the trainer's: the logits die on return, before the backward pass (on
         # the GPU benchmark's model they are 4 GB, which the H100 does not have to spare).
         with autocast:
             logits = model(input_ids=tokens, use_cache=False).logits
-        return torch.nn.functional.cross_entropy(logits.float().flatten(0, 1), tokens.flatten())
+        return token_loss(logits, tokens, mask)
 
     stamps = []
-    for _ in range(steps):
-        for _ in range(accumulation):
-            (loss() / accumulation).backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        devices.synchronize(device)  # the trainer waits for each step's loss; so does the baseline
-        stamps.append(time.perf_counter())
-    return (stamps[-1] - stamps[WARMUP - 1]) / (steps - WARMUP)
+    with contextlib.ExitStack() as profiling:
+        for step in range(steps):
+            if profile_steps and step == steps - profile_steps:
+                profiler = profiling.enter_context(torch.profiler.profile(activities=profiled_activities()))
+            for _ in range(accumulation):
+                (loss() / accumulation).backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            devices.synchronize(device)  # the trainer waits for each step's loss; so does the baseline
+            stamps.append(time.perf_counter())
+    if profile_steps:
+        print("\n".join(where_time_goes(profiler, profile_steps, (stamps[-1] - stamps[-profile_steps - 1]) / profile_steps)))
+    timed = steps - profile_steps  # the profiler's own cost stays out of the timing
+    return (stamps[timed - 1] - stamps[WARMUP - 1]) / (timed - WARMUP)
 
 
-def bare_run(steps: int, shape: dict, glibc_defaults: bool = False) -> float:
-    """A bare loop in a process of its own, as each trainer run has."""
-    command = ([sys.executable, __file__, "bare", "--steps", str(steps), "--shape", json.dumps(shape)]
-               + (["--glibc-defaults"] if glibc_defaults else []))
-    return float(subprocess.run(command, check=True, stdout=subprocess.PIPE, text=True).stdout)
+# Kinds of device kernel by name, first match wins: cuBLAS/CUTLASS matrix products, attention
+# (flash, cuDNN or memory-efficient SDPA), inductor's fused Triton kernels (norms, RoPE, SwiGLU,
+# the compiled loss), the eager loss, the optimizer, copies and casts.
+KERNEL_KINDS = [("matmul", ("gemm", "cutlass", "nvjet", "xmma", "wgmma", "cublas")),
+                ("attention", ("flash", "fmha", "sdpa", "attention", "cudnn")),
+                ("fused (Triton)", ("triton",)),
+                ("loss, eager", ("softmax", "nll_loss", "cross_entropy", "logsumexp")),
+                ("optimizer", ("adam", "multi_tensor", "foreach")),
+                ("copy, cast, fill", ("copy", "memcpy", "memset", "fill", "cast", "elementwise"))]
+
+
+def profiled_activities() -> list:
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if torch.cuda.is_available():
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    return activities
+
+
+def kernel_kind(name: str) -> str:
+    lowered = name.lower()
+    return next((kind for kind, marks in KERNEL_KINDS if any(mark in lowered for mark in marks)), "other")
+
+
+def where_time_goes(profiler, steps: int, step_s: float, top: int = 15) -> list[str]:
+    """The profiled steps' device kernels by kind and the longest ones, per step and as shares of
+    the step's wall time; what no kernel covers is time the device waited (launches, syncs).
+    Without a GPU, the CPU operators'  own time instead."""
+    from torch.autograd import DeviceType
+
+    on_device = torch.cuda.is_available()
+    events = [e for e in profiler.key_averages()
+              if (e.device_type == DeviceType.CUDA) == on_device and (e.self_device_time_total if on_device else e.self_cpu_time_total) > 0]
+    own = {e.key: (e.self_device_time_total if on_device else e.self_cpu_time_total) / 1e6 / steps for e in events}
+    calls = {e.key: e.count / steps for e in events}
+    busy = sum(own.values())
+    where = "device kernels" if on_device else "CPU operators (self time)"
+    lines = [f"profiled {steps} steps: {step_s * 1000:.1f} ms a step; {where} {busy * 1000:.1f} ms a step "
+             f"({100 * busy / step_s:.1f} % of it)", "", "| kind | ms a step | share of the step |", "|---|---:|---:|"]
+    kinds: dict[str, float] = {}
+    for name, seconds in own.items():
+        kind = kernel_kind(name) if on_device else "operators"
+        kinds[kind] = kinds.get(kind, 0.0) + seconds
+    for kind, seconds in sorted(kinds.items(), key=lambda item: -item[1]):
+        lines.append(f"| {kind} | {seconds * 1000:.1f} | {100 * seconds / step_s:.1f} % |")
+    lines.append(f"| no kernel running | {max(step_s - busy, 0) * 1000:.1f} | {100 * max(step_s - busy, 0) / step_s:.1f} % |")
+    lines += ["", "| kernel | kind | calls a step | ms a step | share |", "|---|---|---:|---:|---:|"]
+    for name, seconds in sorted(own.items(), key=lambda item: -item[1])[:top]:
+        kind = kernel_kind(name) if on_device else "operator"
+        lines.append(f"| `{name[:90]}` | {kind} | {calls[name]:.0f} | {seconds * 1000:.2f} | {100 * seconds / step_s:.1f} % |")
+    return lines
+
+
+def bare_run(steps: int, shape: dict, glibc_defaults: bool = False, profile_steps: int = 0) -> float:
+    """A bare loop in a process of its own, as each trainer run has; what it prints before its
+    seconds a step (a profile) is passed on."""
+    command = ([sys.executable, __file__, "bare", "--steps", str(steps), "--shape", json.dumps(shape),
+                "--profile-steps", str(profile_steps)] + (["--glibc-defaults"] if glibc_defaults else []))
+    *printed, seconds = subprocess.run(command, check=True, stdout=subprocess.PIPE, text=True).stdout.splitlines()
+    if printed:
+        print("\n".join(printed), flush=True)
+    return float(seconds)
 
 
 def trainer_config(work: Path, model: dict, *, steps: int, micro: int, global_batch: int, seq: int,
-                   checkpoint_interval: int, keep: int = 2, **extra) -> Path:
-    """A benchmark-mode trainer config over a synthetic dataset, written to ``work/train.json``."""
+                   checkpoint_interval: int, keep: int = 2, data: str | None = None, **extra) -> Path:
+    """A benchmark-mode trainer config, written to ``work/train.json``, over the Megatron dataset
+    ``data`` (a prefix) or else a synthetic one."""
     from trainer.run_layout import checkpoint_dir
 
-    prefix = work / "data_text_document"
-    synthetic_dataset(prefix, model["vocab_size"], documents=max(2000, steps * global_batch * seq // 256),
-                      max_length=max(512, seq))
-    config = {"model": model, "data": {"paths": [str(prefix)], "split": "100,0,0", "cache_dir": str(work / "cache")},
+    if data is None:
+        data = str(work / "data_text_document")
+        synthetic_dataset(Path(data), model["vocab_size"], documents=max(2000, steps * global_batch * seq // 256),
+                          max_length=max(512, seq))
+    config = {"model": model, "data": {"paths": [data], "split": "100,0,0", "cache_dir": str(work / "cache")},
               "optim": {"lr": 1e-3},
               "checkpoint": {"dir": str(checkpoint_dir(work)), "interval": checkpoint_interval, "keep": keep},
               "metrics": {"jsonl_path": str(work / "metrics.jsonl"), "tensorboard_dir": str(work / "tb"),
@@ -267,30 +348,78 @@ def gpu(steps: int, micro: int, global_batch: int, checkpoint_interval: int, smo
               f"up {stalls}")
 
 
-def float8(steps: int, micro: int, global_batch: int, smoke: bool) -> None:
-    """The gpu benchmark's model trained twice from the same seed on the same data, in bf16 and
-    with float8 linear layers (torchao): tokens/s, medians after warm-up, and how far apart the
-    two loss curves end (mean over the last 20 steps; one step's loss is noisy)."""
+def float8(steps: int, micro: int, global_batch: int, smoke: bool, layers: int | None) -> None:
+    """A model trained twice from the same seed on the same data, in bf16 and with float8 linear
+    layers (torchao): tokens/s, medians after warm-up, and how far apart the two loss curves end
+    (mean over the last 20 steps; one step's loss is noisy). The gpu benchmark's 1B shape, or with
+    ``layers``, that many of Llama 3 8B's layers (hidden 4096, FFN 14336), where float8's matrix
+    products are wide enough to pay for its casts. The data is the tokenize stage's output of this
+    machine's docstrings (``corpus_stages``), so the losses fall as on text, not to a uniform
+    synthetic corpus's ln(vocabulary)."""
+    from corpus_stages import fetched_corpus, tokenized
+
+    from pretrain.presets import load_spec
+
     model, seq = (MODEL, SEQ) if smoke else (LLAMA_1B, 2048)
+    if layers:
+        model = {**model, **LLAMA_8B_LAYER, "num_layers": layers}
     runs = {}
-    for name, float8_on in (("bf16", False), ("float8", True)):
-        with tempfile.TemporaryDirectory() as tmp:
-            config = trainer_config(Path(tmp), model, steps=steps, micro=micro, global_batch=global_batch, seq=seq,
-                                    checkpoint_interval=steps, precision="bf16",
+    with tempfile.TemporaryDirectory() as tmp:
+        fetched, tokenizer = fetched_corpus(Path(tmp), model["vocab_size"])
+        data = tokenized(load_spec("llama3-8b-gpu", [f"tokenizer.path={tokenizer}"]), fetched / "corpus.jsonl",
+                         Path(tmp) / "data")
+        for name, float8_on in (("bf16", False), ("float8", True)):
+            work = Path(tmp) / name
+            work.mkdir()
+            config = trainer_config(work, model, steps=steps, micro=micro, global_batch=global_batch, seq=seq,
+                                    checkpoint_interval=steps, data=data, precision="bf16",
                                     parallel={"compile": True, "float8": float8_on},
-                                    checkpoint={"dir": str(Path(tmp) / "ckpt"), "interval": steps, "final": False})
+                                    checkpoint={"dir": str(work / "ckpt"), "interval": steps, "final": False})
             runs[name] = run_trainer(config)
     speed = {name: statistics.median(r["tokens_per_s"] for step, r in records.items() if step > WARMUP)
              for name, records in runs.items()}
+    memory = {name: max(r["memory_gib"] for r in records.values()) for name, records in runs.items()}
     tail = {name: statistics.mean(r["loss"] for step, r in records.items() if step > steps - 20)
             for name, records in runs.items()}
     first = {name: records[1]["loss"] for name, records in runs.items()}
-    print(f"device: {device_name()}; model: {model['num_layers']} layers, hidden {model['hidden_size']}, seq {seq}, "
-          f"micro-batch {micro}, global batch {global_batch}, torch.compile; {steps} steps each")
+    print(f"device: {device_name()}; model: {model['num_layers']} layers, hidden {model['hidden_size']}, FFN "
+          f"{model['ffn_hidden_size']}, vocab {model['vocab_size']}, seq {seq}, micro-batch {micro}, global batch "
+          f"{global_batch}, torch.compile; {steps} steps each")
     for name in runs:
-        print(f"{name}: tokens/s {speed[name]:.0f}; loss {first[name]:.3f} -> {tail[name]:.3f} (mean of the last 20 steps)")
+        print(f"{name}: tokens/s {speed[name]:.0f}; peak memory {memory[name]:.1f} GiB; loss {first[name]:.3f} -> "
+              f"{tail[name]:.3f} (mean of the last 20 steps)")
+    gap = tail["float8"] / tail["bf16"] - 1
     print(f"float8 over bf16: {speed['float8'] / speed['bf16']:.3f}x tokens/s (target >= 1.3); final loss "
-          f"difference {tail['float8'] - tail['bf16']:+.4f}")
+          f"{100 * gap:+.2f} % of bf16's (target within 1 %)")
+
+
+def profile(steps: int, micro: int, global_batch: int, smoke: bool) -> None:
+    """Where the gpu benchmark's step spends its time: its bare loop with the blocks compiled, the
+    loss eager and then compiled, each in a process of its own, the last 3 steps profiled; each
+    one's step time over the steps before them, and MFU from it."""
+    from trainer.train.device import peak_flops, resolve
+    from trainer.train.metrics import flops_per_token
+
+    model, seq = (MODEL, SEQ) if smoke else (LLAMA_1B, 2048)
+    shape = {"model": model, "seq": seq, "micro": micro, "global_batch": global_batch, "device": "auto",
+             "precision": "bf16", "compile": True}
+    per_token = flops_per_token(num_layers=model["num_layers"], hidden_size=model["hidden_size"],
+                                ffn_hidden_size=model["ffn_hidden_size"], num_attention_heads=model["num_attention_heads"],
+                                num_kv_heads=model["num_kv_heads"], vocab_size=model["vocab_size"], seq_length=seq,
+                                gated_mlp=True)
+    peak = peak_flops(resolve("auto"))
+    print(f"device: {device_name()}; model: {model['num_layers']} layers, hidden {model['hidden_size']}, vocab "
+          f"{model['vocab_size']}, seq {seq}, micro-batch {micro}, global batch {global_batch}, blocks compiled; "
+          f"{steps} steps, {WARMUP} of warm-up")
+    seconds = {}
+    for compiled in (False, True):
+        print(f"\n### the loss {'compiled' if compiled else 'eager'}\n", flush=True)
+        seconds[compiled] = bare_run(steps, {**shape, "compile_loss": compiled}, profile_steps=3)
+        tokens_per_s = global_batch * seq / seconds[compiled]
+        mfu = "unknown (no peak for this device)" if peak is None else f"{100 * tokens_per_s * per_token / peak:.1f} %"
+        print(f"\nbare loop, loss {'compiled' if compiled else 'eager'}: {seconds[compiled] * 1000:.1f} ms a step, "
+              f"{tokens_per_s:,.0f} tokens/s, MFU {mfu}")
+    print(f"\nthe loss compiled over eager: {seconds[False] / seconds[True]:.3f}x steps a second")
 
 
 def resume(steps: int) -> None:
@@ -321,29 +450,33 @@ def device_name() -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("which", choices=["overhead", "tiny-local", "gpu", "float8", "resume", "bare"],
+    parser.add_argument("which", choices=["overhead", "tiny-local", "gpu", "float8", "profile", "resume", "bare"],
                         help="bare: one bare loop, for overhead")
     parser.add_argument("--steps", type=int, help="default: 110 for overhead and bare, 30 for gpu, 40 for resume")
     parser.add_argument("--repeats", type=int, default=3, help="overhead: alternating runs of each")
     parser.add_argument("--intervals", default="50,10", help="overhead: checkpoint intervals to measure, in steps")
     parser.add_argument("--glibc-defaults", action="store_true", help="bare: leave malloc as glibc sets it up")
+    parser.add_argument("--profile-steps", type=int, default=0, help="bare: profile the last this many steps")
     parser.add_argument("--shape", type=json.loads, default=CPU_SHAPE,
                         help="bare: model, seq, micro, global_batch, device, precision and compile, as JSON")
     parser.add_argument("--micro-batch", type=int, default=8, help="gpu: sequences per micro-batch")
     parser.add_argument("--global-batch", type=int, default=16, help="gpu: sequences per step")
     parser.add_argument("--checkpoint-interval", type=int, default=10,
                         help="gpu: steps between async checkpoints (10: two in the default 20 timed steps)")
+    parser.add_argument("--layers", type=int, help="float8: this many of Llama 3 8B's layers instead of the 1B shape")
     parser.add_argument("--smoke", action="store_true", help="gpu: the small model, to check the command anywhere")
     args = parser.parse_args()
-    steps = args.steps or {"gpu": 30, "float8": 200, "resume": 40}.get(args.which, 110)
+    steps = args.steps or {"gpu": 30, "float8": 200, "profile": 20, "resume": 40}.get(args.which, 110)
     if args.which == "bare":
-        print(bare_loop(steps, args.shape, args.glibc_defaults))
+        print(bare_loop(steps, args.shape, args.glibc_defaults, args.profile_steps))
     elif args.which == "overhead":
         overhead(steps, args.repeats, [int(i) for i in args.intervals.split(",")])
     elif args.which == "gpu":
         gpu(steps, args.micro_batch, args.global_batch, args.checkpoint_interval, args.smoke)
     elif args.which == "float8":
-        float8(steps, args.micro_batch, args.global_batch, args.smoke)
+        float8(steps, args.micro_batch, args.global_batch, args.smoke, args.layers)
+    elif args.which == "profile":
+        profile(steps, args.micro_batch, args.global_batch, args.smoke)
     elif args.which == "resume":
         resume(steps)
     else:

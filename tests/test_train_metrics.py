@@ -21,6 +21,7 @@ from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausa
 from transformers.pytorch_utils import Conv1D
 
 from pretrain.log_parsers import parse_log
+from tests.public_logs import blocks
 from trainer.train.metrics import MetricsConfig, MetricsWriter, flops_per_token, mfu
 
 pytestmark = pytest.mark.pure  # no stack, no Prefect API: `make check` runs it
@@ -246,6 +247,20 @@ def test_flops_per_token_equals_torch_flop_counter_on_a_training_step(build):
     with FlopCounterMode(display=False) as counter:
         model(input_ids=ids, labels=ids).loss.backward()
     assert counter.get_total_flops() == flops_per_token(seq_length=seq_length, **shape) * batch * seq_length
+
+
+def test_flops_per_token_is_torchtitans_count_on_its_own_published_lines():
+    """One FLOP count serves every backend (benchmarks/side_by_side_gpu.py): on torchtitan's own
+    step lines for Llama 3 8B at sequence 8192 (pytorch/torchtitan pull 1287 and its graph_trainer
+    notes), the TFLOP/s it printed over the tokens/s it printed is this count for that shape, to
+    the lines' rounding."""
+    points = [p for source, lines in blocks("torchtitan-public-lines.txt") if source.endswith(("/pull/1287", "CLAUDE.md#L252"))
+              for p in parse_log("\n".join(lines)).points.values() if p.get("tflops_per_device")]
+    assert len(points) >= 3
+    llama3_8b = flops_per_token(num_layers=32, hidden_size=4096, ffn_hidden_size=14336, num_attention_heads=32,
+                                num_kv_heads=8, vocab_size=128256, seq_length=8192, gated_mlp=True)
+    for point in points:
+        assert point["tflops_per_device"] * 1e12 / point["tokens_per_s_per_device"] == pytest.approx(llama3_8b, rel=2e-3)
 
 
 def test_mfu_in_percent_and_unknown_without_a_peak():

@@ -14,7 +14,6 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from torch.distributed.checkpoint.stateful import Stateful
 
 from trainer.run_layout import grad_accumulation
@@ -24,6 +23,7 @@ from trainer.train import stop_signals
 from trainer.train.checkpoint import Checkpointer, ModelAndOptimizer
 from trainer.train.config import TrainConfig
 from trainer.train.data import BatchLoader, build_datasets
+from trainer.train.loss import loss_function
 from trainer.train.metrics import MetricsWriter, flops_per_token, mfu
 from trainer.train.optimizer import build_optimizer, build_scheduler
 from trainer.train.parallelize import build_mesh, clip_gradients, parallelize
@@ -105,6 +105,7 @@ class Trainer:
         # Unsharded, autocast gives the compute dtype that FSDP's mixed precision gives sharded.
         dtype = devices.compute_dtype(self.device, cfg.precision)
         self.autocast = torch.autocast(self.device.type, dtype=dtype, enabled=not self.sharded and dtype != torch.float32)
+        self.token_loss = loss_function(self.device, cfg.parallel.compile)
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = build_optimizer(self.model, cfg.optim, fused=devices.fused_optimizer(self.device))
         self.scheduler = build_scheduler(self.optimizer, cfg.optim, cfg.steps)
@@ -153,10 +154,7 @@ class Trainer:
     def _loss(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         with self.autocast:
             logits = self.model(input_ids=batch["tokens"].to(self.device), use_cache=False).logits
-        losses = F.cross_entropy(logits.float().flatten(0, 1), batch["labels"].to(self.device).flatten(),
-                                 reduction="none")
-        mask = batch["loss_mask"].to(self.device).flatten()
-        return (losses * mask).sum() / mask.sum().clamp(min=1)
+        return self.token_loss(logits, batch["labels"].to(self.device), batch["loss_mask"].to(self.device))
 
     def train_step(self) -> dict[str, float]:
         total = torch.zeros((), device=self.device)
