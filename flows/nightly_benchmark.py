@@ -24,6 +24,7 @@ from prefect.states import Cancelled
 from prefect.runtime import flow_run
 
 from flows.pretrain import run_stages
+from flows.stages import stages_of
 from pretrain.benchmark import benchmark_overrides, check_thresholds, record_from_run, reused_stages
 from pretrain.presets import load_spec
 from tasks.benchmark import history_for, judge
@@ -64,7 +65,8 @@ def nightly_benchmark(preset: str = "tiny-local", overrides: list[str] | None = 
     except FlowRunCancelled as cancelled:
         return Cancelled(message=str(cancelled))
     record = record_from_run(spec.model_dump(mode="json"), str(flow_run.get_id()), outputs["train"], seconds,
-                             outputs.get("precompile"), reused_stages(outputs, started))
+                             outputs.get("precompile"),
+                             reused_stages(outputs, started, [stage.name for stage in stages_of(spec) if stage.cached]))
     comparisons = judge(record, history, spec.paths.root, window, thresholds, new_baseline)
     regressed = [] if new_baseline else [c for c in comparisons if c.regressed]
     if regressed:

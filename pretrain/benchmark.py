@@ -16,6 +16,7 @@ import posixpath
 import statistics
 import time
 import uuid
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -123,18 +124,15 @@ class BenchmarkRecord:
                 if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)}
 
 
-# The stages whose output is content-addressed, so that a complete one is handed on, and where its
-# MANIFEST.json is: in the fetched directory itself, or beside the dataset prefix (or Arrow
-# directory), the converted checkpoint and the squashfs that the others return.
-REUSABLE_STAGES = ("fetch", "tokenize", "convert", "image")
-
-
-def reused_stages(outputs: dict[str, Any], started: str) -> list[str]:
-    """The stages of ``outputs`` (a pipeline run's, started at ``started``) that handed on an
-    earlier run's complete output; a backend without one of them (torchtitan tokenizes as it
-    reads, only Megatron-LM builds an image) has nothing to hand on there."""
+def reused_stages(outputs: dict[str, Any], started: str, cached: Iterable[str]) -> list[str]:
+    """The ``cached`` stages (content-addressed, so a complete output is handed on: ``Stage.cached``
+    in flows/stages.py) of ``outputs``, a pipeline run's started at ``started``, that handed on an
+    earlier run's output. A backend without one of them (torchtitan tokenizes as it reads, only
+    Megatron-LM builds an image) has nothing to hand on there. The MANIFEST.json is in the fetched
+    directory itself, or beside the dataset prefix (or Arrow directory), the converted checkpoint
+    and the squashfs that the others return."""
     directories = {stage: Path(outputs[stage]) if stage == "fetch" else Path(outputs[stage]).parent
-                   for stage in REUSABLE_STAGES if outputs.get(stage)}
+                   for stage in cached if outputs.get(stage)}
     return [stage for stage, directory in directories.items() if manifest.created_before(directory, started)]
 
 

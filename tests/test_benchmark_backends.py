@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 from torchtitan.config import manager as torchtitan_config
 
+from flows.stages import BACKEND_STAGES
 from pretrain import manifest
 from pretrain.benchmark import (BenchmarkRecord, History, baseline, benchmark_overrides, compare, record_from_run,
                                 reused_stages)
@@ -229,7 +230,8 @@ def test_stages_handed_on_are_found_for_every_backends_outputs(tmp_path):
         manifest.write_manifest(directory, stage, {"stage": stage})
     later = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() + 5))
     nxdt = {stage: str(outputs[stage]) for stage in ("fetch", "tokenize", "convert")}
-    assert reused_stages({**nxdt, "train": {}}, later) == ["fetch", "tokenize", "convert"]
-    assert reused_stages({"fetch": str(outputs["fetch"]), "image": str(outputs["image"])}, later) == ["fetch", "image"]
-    assert reused_stages({"fetch": str(outputs["fetch"]), "train": {}}, later) == ["fetch"]  # torchtitan
-    assert reused_stages({**nxdt, "train": {}}, started) == []
+    cached = list(dict.fromkeys(stage.name for stages in BACKEND_STAGES.values() for stage in stages if stage.cached))
+    assert reused_stages({**nxdt, "train": {}}, later, cached) == ["fetch", "tokenize", "convert"]
+    assert reused_stages({"fetch": str(outputs["fetch"]), "image": str(outputs["image"])}, later, cached) == ["fetch", "image"]
+    assert reused_stages({"fetch": str(outputs["fetch"]), "train": {}}, later, cached) == ["fetch"]  # torchtitan
+    assert reused_stages({**nxdt, "train": {}}, started, cached) == []
