@@ -42,8 +42,8 @@ run() {  # name, seconds, command...
 }
 for check in ${checks[*]}; do
     case $check in
-        side-by-side) run side-by-side 330 python3 benchmarks/side_by_side_gpu.py 1b --steps 40 ;;
-        profile) run profile 230 python3 benchmarks/train_benchmark.py profile --steps 20 ;;
+        side-by-side) run side-by-side 370 python3 benchmarks/side_by_side_gpu.py 1b --steps 40 ;;
+        profile) run profile 190 python3 benchmarks/train_benchmark.py profile --steps 20 ;;
         float8-8b) run float8-8b 540 python3 benchmarks/train_benchmark.py float8 --layers 8 --micro-batch 4 --global-batch 8 --steps 200 ;;
         megatron-lm) run megatron-lm 240 python3 benchmarks/megatron_lm_gpu.py --keep-log "$out/megatron-lm-node-0.log" ;;
         gpu) run gpu 240 python3 benchmarks/train_benchmark.py gpu --steps 36 --checkpoint-interval 12 ;;
