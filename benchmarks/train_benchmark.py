@@ -156,15 +156,16 @@ def bare_loop(steps: int, shape: dict, glibc_defaults: bool = False, profile_ste
     return (stamps[timed - 1] - stamps[WARMUP - 1]) / (timed - WARMUP)
 
 
-# Kinds of device kernel by name, first match wins: cuBLAS/CUTLASS matrix products, attention
-# (flash, cuDNN or memory-efficient SDPA), inductor's fused Triton kernels (norms, RoPE, SwiGLU,
-# the compiled loss), the eager loss, the optimizer, copies and casts.
-KERNEL_KINDS = [("matmul", ("gemm", "cutlass", "nvjet", "xmma", "wgmma", "cublas")),
-                ("attention", ("flash", "fmha", "sdpa", "attention", "cudnn")),
+# Kinds of device kernel by name, first match wins: attention first (the memory-efficient kernels
+# are CUTLASS-built: "fmha_cutlassF..."), then cuBLAS/CUTLASS matrix products, inductor's fused
+# Triton kernels (norms, RoPE, SwiGLU, the compiled loss), the eager loss, the optimizer and the
+# gradient norm (multi-tensor kernels), and the rest of eager PyTorch (copies, casts, fills).
+KERNEL_KINDS = [("attention", ("flash", "fmha", "sdpa", "attention")),
+                ("matmul", ("gemm", "cutlass", "nvjet", "xmma", "wgmma", "cublas")),
                 ("fused (Triton)", ("triton",)),
                 ("loss, eager", ("softmax", "nll_loss", "cross_entropy", "logsumexp")),
-                ("optimizer", ("adam", "multi_tensor", "foreach")),
-                ("copy, cast, fill", ("copy", "memcpy", "memset", "fill", "cast", "elementwise"))]
+                ("optimizer, gradient norm", ("adam", "multi_tensor", "foreach")),
+                ("eager elementwise, copies", ("copy", "memcpy", "memset", "fill", "cast", "elementwise"))]
 
 
 def profiled_activities() -> list:
