@@ -41,8 +41,7 @@ from node_launch import NodeRun, run_node  # noqa: E402
 
 from pretrain.presets import load_spec  # noqa: E402
 from pretrain.spec import TORCHTITAN_FLAVOURS, PretrainSpec, flavour_overrides  # noqa: E402
-from render.torchtitan import node_command  # noqa: E402
-from tasks.train_torchtitan import loader_view  # noqa: E402
+from render.torchtitan import loader_view, node_command  # noqa: E402
 
 WARMUP_STEPS = 5  # compile and the allocator's first steps, left out of the medians
 SHAPES = {

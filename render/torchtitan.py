@@ -9,11 +9,14 @@ so the published configuration is the base and the spec says only what it change
 
 from __future__ import annotations
 
+import os
 import shlex
+import shutil
 from pathlib import Path
 
 from jobs.node import Command
-from pretrain.spec import PretrainSpec
+from pretrain import manifest
+from pretrain.spec import DataSpec, PretrainSpec
 from render.monitor import monitor_command
 from render.native import compile_cache_dir
 from render.shell import shell_line
@@ -27,14 +30,57 @@ LOCAL_TEXT_DATASET = "c4_test"
 
 def loader_dir(run: Path) -> Path:
     """The directory torchtitan's loader reads: the fetched files, linked there by the train task
-    (``loader_view`` in tasks/train_torchtitan.py)."""
+    (:func:`loader_view`)."""
     return run / "dataset"
 
 
 def validation_dir(run: Path) -> Path:
     """The directory torchtitan's validator reads: the fetched files held out of :func:`loader_dir`
-    (``loader_view`` again). Beside it, not in it: the loader reads every file under its directory."""
+    (:func:`loader_view` again). Beside it, not in it: the loader reads every file under its directory."""
     return run / "validation"
+
+
+class SplitRefused(ValueError):
+    """The fetched files cannot be split as data.split asks: a retry finds the same files."""
+
+    retryable = False
+
+
+def loader_view(data_dir: Path, run: Path, data: DataSpec) -> Path:
+    """:func:`loader_dir` of ``run``: the fetched files without the fetch stage's manifest, each a link. The
+    loader torchtitan's ``c4_test`` entry uses, ``load_dataset(path, split="train")``, reads every
+    JSON file of a directory as data, and fails on MANIFEST.json ("An error occurred while
+    generating the dataset"); it reads no single file or glob. Made again for every run, so it
+    follows the fetch output the spec names now.
+
+    With a validation weight in ``data.split``, the last files by name go to :func:`validation_dir`
+    instead, that share of the files (at least one, and one left to train on): that loader splits no
+    file, so whole files are the held-out set, and none of them is trained on."""
+    files = sorted(path.relative_to(data_dir) for path in data_dir.rglob("*")
+                   if path.is_file() and path.name != manifest.MANIFEST
+                   and not any(p.startswith(".") for p in path.relative_to(data_dir).parts))
+    held_out = _held_out(len(files), data_dir, data)
+    for view in (loader_dir(run), validation_dir(run)):
+        shutil.rmtree(view, ignore_errors=True)
+    for index, relative in enumerate(files):
+        link = (loader_dir(run) if index < len(files) - held_out else validation_dir(run)) / relative
+        link.parent.mkdir(parents=True, exist_ok=True)
+        # relative, so the link holds wherever a node mounts the shared disk
+        link.symlink_to(os.path.relpath(data_dir / relative, link.parent))
+    return loader_dir(run)
+
+
+def _held_out(files: int, data_dir: Path, data: DataSpec) -> int:
+    """How many of the ``files`` fetched files :func:`loader_view` holds out for validation. The spec
+    has refused a test weight for torchtitan already (it has no test set)."""
+    _, valid, _ = data.split_weights
+    if not valid:
+        return 0
+    if files < 2:
+        raise SplitRefused(f"data.split={data.split!r} holds whole files out for torchtitan's validation, and the fetch "
+                           f"output {data_dir} has {files} file(s): one to train on and one to validate on are the "
+                           "least; add a data.sources entry, or set data.split='100,0,0' and training.eval_iters=0")
+    return min(files - 1, max(1, round(files * valid / sum(data.split_weights))))
 
 
 def train_args(spec: PretrainSpec, data_dir: str, run_dir: str, init_from: str | None = None) -> list[str]:

@@ -16,66 +16,20 @@ rendering, parsing and its attempt loop fed public torchtitan log text.
 
 from __future__ import annotations
 
-import os
-import shutil
 from pathlib import Path
 from typing import Any
 
 from prefect import task
 
 from jobs.contract import ends_cancelled, stage_request
-from pretrain import manifest
 from pretrain.checkpoints import torchtitan_step
-from pretrain.spec import DataSpec, PretrainSpec
-from render.torchtitan import loader_dir, metrics_rank, node_command, validation_dir
+from pretrain.spec import PretrainSpec
+from render.torchtitan import loader_view, metrics_rank, node_command
 from tasks.artifacts import retryable
 from tasks.attempts import AppendedLog, MetricsFollower, finish_run, run_attempts
 from tasks.runs import run_dir
 from tasks.executor import cluster_for
 from trainer.run_layout import checkpoint_dir
-
-
-class SplitRefused(ValueError):
-    """The fetched files cannot be split as data.split asks: a retry finds the same files."""
-
-    retryable = False
-
-
-def loader_view(data_dir: Path, run: Path, data: DataSpec) -> Path:
-    """:func:`loader_dir` of ``run``: the fetched files without the fetch stage's manifest, each a link. The
-    loader torchtitan's ``c4_test`` entry uses, ``load_dataset(path, split="train")``, reads every
-    JSON file of a directory as data, and fails on MANIFEST.json ("An error occurred while
-    generating the dataset"); it reads no single file or glob. Made again for every run, so it
-    follows the fetch output the spec names now.
-
-    With a validation weight in ``data.split``, the last files by name go to :func:`validation_dir`
-    instead, that share of the files (at least one, and one left to train on): that loader splits no
-    file, so whole files are the held-out set, and none of them is trained on."""
-    files = sorted(path.relative_to(data_dir) for path in data_dir.rglob("*")
-                   if path.is_file() and path.name != manifest.MANIFEST
-                   and not any(p.startswith(".") for p in path.relative_to(data_dir).parts))
-    held_out = _held_out(len(files), data_dir, data)
-    for view in (loader_dir(run), validation_dir(run)):
-        shutil.rmtree(view, ignore_errors=True)
-    for index, relative in enumerate(files):
-        link = (loader_dir(run) if index < len(files) - held_out else validation_dir(run)) / relative
-        link.parent.mkdir(parents=True, exist_ok=True)
-        # relative, so the link holds wherever a node mounts the shared disk
-        link.symlink_to(os.path.relpath(data_dir / relative, link.parent))
-    return loader_dir(run)
-
-
-def _held_out(files: int, data_dir: Path, data: DataSpec) -> int:
-    """How many of the ``files`` fetched files :func:`loader_view` holds out for validation. The spec
-    has refused a test weight for torchtitan already (it has no test set)."""
-    _, valid, _ = data.split_weights
-    if not valid:
-        return 0
-    if files < 2:
-        raise SplitRefused(f"data.split={data.split!r} holds whole files out for torchtitan's validation, and the fetch "
-                           f"output {data_dir} has {files} file(s): one to train on and one to validate on are the "
-                           "least; add a data.sources entry, or set data.split='100,0,0' and training.eval_iters=0")
-    return min(files - 1, max(1, round(files * valid / sum(data.split_weights))))
 
 
 @task(name="train", retries=1, retry_delay_seconds=10, retry_condition_fn=retryable)

@@ -133,3 +133,14 @@ def test_the_shared_layer_and_the_rendering_load_without_prefect():
             "print(sorted(m for m in sys.modules if m.split('.')[0] in ('prefect', 'blocks', 'tasks', 'flows')))")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_the_gpu_benchmarks_load_without_prefect():
+    """The lent GPU machines' image has no Prefect, and the device tool carries only a few wheels
+    (DEVELOPERS.md): a GPU benchmark that reached a task module through a helper would stop at
+    its imports there, its device time spent."""
+    scripts = ["side_by_side_gpu", "train_benchmark", "torchtitan_gpu", "megatron_lm_gpu"]
+    code = (f"import importlib, sys\nsys.path.insert(0, 'benchmarks')\nfor m in {scripts!r}: importlib.import_module(m)\n"
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('prefect', 'blocks', 'tasks', 'flows')))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"

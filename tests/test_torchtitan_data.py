@@ -16,8 +16,8 @@ from pretrain.corpus import corpus_texts, write_jsonl
 from pretrain.presets import load_spec
 from pretrain.spec import TORCHTITAN_FLAVOURS, flavour_overrides
 from pretrain.toy_tokenizers import llama3_style
-from render.torchtitan import train_args, validation_dir
-from tasks.train_torchtitan import SplitRefused, loader_view, train_torchtitan
+from render.torchtitan import SplitRefused, loader_view, train_args, validation_dir
+from tasks.train_torchtitan import train_torchtitan
 
 pytestmark = pytest.mark.pure
 

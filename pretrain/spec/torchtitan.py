@@ -132,8 +132,8 @@ def check_torchtitan(spec: PretrainSpec) -> None:
         _check_torchtitan_config(titan)
     train, valid, test = spec.data.split_weights
     if test:
-        # the train task holds the validation share of the fetched files out (loader_view in
-        # tasks/train_torchtitan.py); a test share would be held out and read by nothing
+        # the train task holds the validation share of the fetched files out (render.torchtitan.loader_view,
+        # in the train task); a test share would be held out and read by nothing
         raise ValueError(f"data.split={spec.data.split!r}: torchtitan trains and validates, and has no test set; "
                          f"set the test weight to 0, e.g. data.split='{train:g},{valid + test:g},0'")
     if spec.dp % titan.data_parallel_replicate:
