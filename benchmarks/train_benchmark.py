@@ -39,7 +39,8 @@ the final loss within 1 %). Needs a GPU of compute capability 8.9+.
 profile: where the gpu benchmark's bare step spends its time, with the loss eager and compiled:
 the device kernels of 3 profiled steps by kind (matrix products, attention, fused Triton kernels,
 the loss, the optimizer, copies) and the longest ones, as shares of the step; the step time and
-MFU of each, and the compiled loss's speed-up. ``--smoke`` runs it with the small model anywhere.
+MFU of each, and the compiled loss's speed-up. ``--smoke`` runs it with the small model anywhere
+(on the CPU both runs' loss is eager: the trainer compiles it on GPUs only).
 
 resume: not a timing but the check that belongs beside it on a lent accelerator, which the suite
 (CPU only) cannot make: the small model trains ``--steps`` steps on the default device, once in

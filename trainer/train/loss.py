@@ -19,9 +19,14 @@ def token_loss(logits: torch.Tensor, labels: torch.Tensor, loss_mask: torch.Tens
 
 
 def loss_function(device: torch.device, compile: bool) -> Callable[..., torch.Tensor]:
-    """:func:`token_loss`, compiled with the blocks where they are compiled, as torchtitan compiles
-    its loss: eagerly, the fp32 copy of the logits and its log-softmax are each written out in
-    full, forward and backward, and at Llama 3's vocabulary of 128,256 that is 8.4 GB apiece for
-    a micro-batch of 16,384 tokens; compiled, the cast, the log-softmax and the pick of each
-    label's entry fuse into passes over the bf16 logits."""
-    return torch.compile(token_loss, backend=devices.compile_backend(device)) if compile else token_loss
+    """:func:`token_loss`, compiled with the blocks on NVIDIA GPUs, as torchtitan compiles its
+    loss: eagerly, the fp32 copy of the logits and its log-softmax are each written out in full,
+    forward and backward, and at Llama 3's vocabulary of 128,256 that is 8.4 GB apiece for a
+    micro-batch of 16,384 tokens; compiled, the cast, the log-softmax and the pick of each label's
+    entry fuse into passes over the bf16 logits. Elsewhere it stays eager: on the CPU, at the
+    demo's vocabulary of 4,096, compiling it gained nothing (0.96x, ``train_benchmark.py profile
+    --smoke``) and cost a C++ compile of its own in every cold cache; on Trainium the neuron
+    backend's handling of it is unmeasured."""
+    if compile and device.type == "cuda":
+        return torch.compile(token_loss, backend=devices.compile_backend(device))
+    return token_loss
