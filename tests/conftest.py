@@ -21,8 +21,8 @@ os.environ["OMP_NUM_THREADS"] = "1"
 # The modules that take longest go first, so that the workers finish together: loadfile hands
 # out whole modules in collection order, one to each worker as it frees up. (Measured with
 # `pytest --durations=0`; docs/benchmarks.md.)
-SLOWEST_FIRST = ("test_run_chain_jobs.py", "test_deployments.py", "test_train_task.py", "test_train_loop.py",
-                 "test_pretrain_flow.py", "test_slurm_jobs.py")
+SLOWEST_FIRST = ("test_run_chain_jobs.py", "test_train_task.py", "test_deployments.py", "test_train_loop.py",
+                 "test_nodes.py", "test_slurm_jobs.py", "test_pretrain_flow.py", "test_fail_fast.py")
 STACK_LOCK = Path("/tmp/pretrain-tests.stack.lock")
 
 

@@ -165,17 +165,18 @@ def corpus(local_stack, prefect_harness, tmp_path_factory):
 # The chain's run: one rank of a 2-layer model. Its ranks are held, once they train, to the CPU
 # share that makes a step last CHAIN_STEP_S, adjusted as they go, so a job, which Slurm ends 60-90
 # s after it started, trains at most about 75 / CHAIN_STEP_S steps after its start-up: the run's
-# CHAIN_STEPS need six jobs or more on any machine.
-CHAIN_STEPS = 300
+# CHAIN_STEPS need five jobs or more on any machine, more than the four a 70B run got when the
+# budget counted time limits (max_restarts=3).
+CHAIN_STEPS = 240
 CHAIN_STEP_S = 1.6
 
 
-@pytest.mark.timeout(1800)  # eight or so jobs of 1 minute, each Slurm ends 60-90 s after its start
+@pytest.mark.timeout(1800)  # seven or so jobs of 1 minute, each Slurm ends 60-90 s after its start
 def test_a_run_longer_than_its_jobs_time_limit_is_carried_to_its_last_step_bit_for_bit(
         corpus, tmp_path, clean_queue):
     """Each job of a 1-minute time limit trains from the newest checkpoint until Slurm ends it at
     its limit (SIGTERM: the trainer saves where it is); the next goes out at once. The run needs
-    six jobs or more, trains every step once, and its losses are the uninterrupted run's, bit for
+    five jobs or more, trains every step once, and its losses are the uninterrupted run's, bit for
     bit. Start-up runs at full speed; a job Slurm is ending gets its full speed back to save."""
     from slurm_faults import CpuGroup, trainer_processes
 
@@ -233,7 +234,7 @@ def test_a_run_longer_than_its_jobs_time_limit_is_carried_to_its_last_step_bit_f
     print(f"\nchain of {len(chain)} jobs at {step_s:.3f} s a step unthrottled: "
           + "; ".join(f"{r['checkpoint_before']}->{r['checkpoint_after']} ({run_chain.why_ended(r)})" for r in chain))
     assert result["status"] == "finished" and result["step"] == CHAIN_STEPS
-    assert len(chain) >= 6 and chain[-1]["completed"]
+    assert len(chain) >= 5 and chain[-1]["completed"]
     assert all(run_chain.advanced(r) for r in chain), "every job advanced the run"
     records = metrics_records(run / "metrics.jsonl")
     assert logged_steps(records) == list(range(1, CHAIN_STEPS + 1)), "every step exactly once, in order"
