@@ -18,8 +18,13 @@ from pretrain.spec import ImageSpec
 from render.image import SANDBOX_PODMAN_FLAGS
 from tasks.image import build_image
 
-pytestmark = pytest.mark.skipif(not (shutil.which("podman") and shutil.which("mksquashfs")),
-                                reason="podman and squashfs-tools are installed by make test (install-debian.sh)")
+
+@pytest.fixture(autouse=True)
+def image_tools():
+    """Installed by make test (deployments/stack/install-debian.sh): missing, the install broke,
+    and that fails here rather than skipping the stage's only real build."""
+    missing = [tool for tool in ("podman", "mksquashfs") if not shutil.which(tool)]
+    assert not missing, f"{', '.join(missing)} not on PATH: run make system-deps (podman, squashfs-tools)"
 
 
 @flow
