@@ -110,17 +110,14 @@ def test_gpt_dataset_builds_samples_from_the_output(assets, corpus, tmp_path):
     from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegatronDatasetBuilder
     from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig
 
+    from trainer.train.data import EodTokenizer
+
     run("--input", str(corpus), "--output-prefix", str(tmp_path / "c"), "--append-eod", *assets["gpt2-bpe"])
     tokenizer = tokenizer_of(assets["gpt2-bpe"])
 
-    class MegatronTokenizer:  # the few members GPTDataset reads
-        eod, pad, bos = tokenizer.eod, -1, None
-        vocab_size = tokenizer.vocab_size
-        unique_identifiers = {"class": "test-bpe", "sha256": tokenizer.fingerprint}
-
-    config = GPTDatasetConfig(
+    config = GPTDatasetConfig(  # as the trainer builds it (trainer/train/data.py)
         random_seed=1234, sequence_length=128, blend=([str(tmp_path / "c_text_document")], None),
-        split="949,50,1", tokenizer=MegatronTokenizer(), reset_position_ids=False,
+        split="949,50,1", tokenizer=EodTokenizer(tokenizer.eod), reset_position_ids=False,
         reset_attention_mask=False, eod_mask_loss=False, path_to_cache=str(tmp_path / "cache"),
         mid_level_dataset_surplus=0.005)
     train, valid, _ = BlendedMegatronDatasetBuilder(GPTDataset, [64, 8, 0], lambda: True, config).build()

@@ -98,7 +98,7 @@ class BatchLoader:
 # ---------------------------------------------------------------------------------- megatron
 
 
-class _EodTokenizer:
+class EodTokenizer:
     """The members of a Megatron tokenizer that GPTDataset reads, for data tokenized already."""
 
     vocab_size = None  # None: the token dtype is read from each .idx
@@ -202,7 +202,7 @@ def _build_megatron(cfg: DataConfig, *, seq_length: int, seed: int, train_sample
         weights = None  # one dataset: a plain GPTDataset, no blend index
     config = GPTDatasetConfig(
         random_seed=seed, sequence_length=seq_length, blend=(cfg.paths, weights), split=cfg.split,
-        tokenizer=_EodTokenizer(eod_id), reset_position_ids=False, reset_attention_mask=False,
+        tokenizer=EodTokenizer(eod_id), reset_position_ids=False, reset_attention_mask=False,
         eod_mask_loss=False, create_attention_mask=False, path_to_cache=cfg.cache_dir)
     train_range, valid_range, _ = config.split_matrix
 
