@@ -39,10 +39,8 @@ sys.path.insert(0, str(ROOT))
 import corpus_stages  # noqa: E402
 from node_launch import NodeRun, run_node  # noqa: E402
 
-from pretrain.corpus import corpus_texts, write_jsonl  # noqa: E402
 from pretrain.presets import load_spec  # noqa: E402
 from pretrain.spec import PretrainSpec  # noqa: E402
-from pretrain.toy_tokenizers import gpt2_style  # noqa: E402
 from render.megatron_lm import PRETRAIN_GPT, node_command  # noqa: E402
 
 WARMUP_ITERATIONS = 5
@@ -86,15 +84,6 @@ def spec_for(work: Path, steps: int, vocab: Path, merges: Path, shape: list[str]
         f"tokenizer.vocab_file={vocab}", f"tokenizer.merges_file={merges}", f"paths.root={work}", *shape])
 
 
-def gpt2_corpus(work: Path) -> tuple[Path, Path, Path]:
-    """A corpus (JSONL) and a GPT-2-style BPE trained on it: the corpus, vocab and merges files."""
-    corpus = work / "corpus.jsonl"
-    documents = write_jsonl(corpus, corpus_stages.CORPUS_BYTES, include_site_packages=True)
-    vocab, merges = gpt2_style(work / "tokenizer", corpus_texts(corpus_stages.CORPUS_BYTES))
-    print(f"corpus: {documents} documents, {corpus.stat().st_size / 1e6:.1f} MB", flush=True)
-    return corpus, vocab, merges
-
-
 def tokenized(spec: PretrainSpec, corpus: Path, data: Path) -> str:
     """The tokenize stage's output, the tokenizer's files beside it, where the tokenize stage keeps
     them and the launch names them."""
@@ -120,8 +109,8 @@ def main() -> None:
         sys.exit(refusal)
 
     work = Path(tempfile.mkdtemp(prefix="megatron-lm-gpu-"))
-    corpus, vocab, merges = gpt2_corpus(work)
-    spec = spec_for(work, args.steps, vocab, merges)
+    corpus = corpus_stages.fetched_corpus(work) / corpus_stages.CORPUS
+    spec = spec_for(work, args.steps, *corpus_stages.gpt2_tokenizer(work))
     dataset = tokenized(spec, corpus, work / "data")
     run = launch(spec, dataset, work / "run", args.keep_log)
 

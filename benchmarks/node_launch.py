@@ -6,7 +6,6 @@ devices' samples, comes back parsed by the same code.
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import statistics
@@ -55,8 +54,7 @@ class NodeRun:
 def device_figures(directory: Path) -> dict[str, float | None]:
     samples = DeviceSamples()
     for file in sorted(directory.glob("*.jsonl")):
-        for line in file.read_text().splitlines():
-            record = json.loads(line)
+        for record in metrics_records(file):
             if record.get("kind") == "device":
                 samples.add(record)
     return samples.figures()

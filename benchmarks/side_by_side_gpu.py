@@ -57,7 +57,7 @@ from render import native as native_launch  # noqa: E402
 from render.dataset_files import eod_id  # noqa: E402
 from render.monitor import monitor_command  # noqa: E402
 from trainer.train.device import peak_flops  # noqa: E402
-from trainer.train.metrics import flops_per_token  # noqa: E402
+from trainer.train.metrics import model_flops_per_token  # noqa: E402
 
 GLOBAL, WARMUP = 16, 10
 RUNS = ("native", "torchtitan", "megatron-lm")
@@ -82,10 +82,7 @@ class Result:
 
 
 def gflop_per_token(spec: PretrainSpec, gated_mlp: bool) -> float:
-    m = spec.model
-    return flops_per_token(num_layers=m.num_layers, hidden_size=m.hidden_size, ffn_hidden_size=m.ffn_hidden_size,
-                           num_attention_heads=m.num_attention_heads, num_kv_heads=m.kv_heads, vocab_size=m.vocab_size,
-                           seq_length=m.seq_length, gated_mlp=gated_mlp) / 1e9
+    return model_flops_per_token(spec.model, spec.model.seq_length, gated_mlp) / 1e9
 
 
 def own_memory(run: NodeRun, what: str) -> str | None:
@@ -96,7 +93,7 @@ def own_memory(run: NodeRun, what: str) -> str | None:
 def native(spec: PretrainSpec, work: Path, fetched: Path, tokenizer: Path) -> Result:
     """The tokenize stage's command on the fetched corpus, then the config the native backend
     renders for ``spec``, with no checkpoint or export at the end (nothing reads them)."""
-    dataset = corpus_stages.tokenized(spec, fetched / "corpus.jsonl", work / "data")
+    dataset = corpus_stages.tokenized(spec, fetched / corpus_stages.CORPUS, work / "data")
     config = native_launch.train_config(spec, dataset=dataset, run_dir=str(work),
                                         eod_id=eod_id(spec, tokenizer.parent))
     config["checkpoint"].update(final=False, interval=spec.training.steps)
@@ -117,24 +114,24 @@ def torchtitan(spec: PretrainSpec, work: Path, fetched: Path) -> Result:
                   own_memory(run, "torchtitan's max reserved"))
 
 
-def megatron_lm(spec: PretrainSpec, work: Path) -> Result:
+def megatron_lm(spec: PretrainSpec, work: Path, fetched: Path) -> Result:
     """The GPT nearest the spec's Llama: the same layers, widths, heads and KV heads, a GELU MLP
     of the same width; ``--make-vocab-size-divisible-by`` pads the toy BPE's vocabulary to the
-    Llama's, so the output layer costs the same."""
+    Llama's, so the output layer costs the same. The same fetched corpus, tokenized by the
+    tokenize stage's command with a GPT-2-style BPE."""
     gflop = gflop_per_token(spec, gated_mlp=False)  # the Llama's widths with two MLP matrices: the GPT's count
     if refusal := megatron_lm_gpu.checkout_refusal():
         return Result("megatron-lm", None, "", gflop, refusal=refusal)
     work.mkdir()
     m, t = spec.model, spec.training
-    corpus, vocab, merges = megatron_lm_gpu.gpt2_corpus(work)
-    gpt = megatron_lm_gpu.spec_for(work, t.steps, vocab, merges, shape=[
+    gpt = megatron_lm_gpu.spec_for(work, t.steps, *corpus_stages.gpt2_tokenizer(work), shape=[
         f"model.num_layers={m.num_layers}", f"model.hidden_size={m.hidden_size}",
         f"model.num_attention_heads={m.num_attention_heads}", f"model.num_kv_heads={m.kv_heads}",
         f"model.ffn_hidden_size={m.ffn_hidden_size}", f"model.seq_length={m.seq_length}",
         f"model.max_position_embeddings={m.seq_length}", f"training.micro_batch_size={t.micro_batch_size}",
         f"training.global_batch_size={t.global_batch_size}", f"training.checkpoint_interval={t.steps}",
         f"training.eval_interval={t.steps}"], extra_args=["--make-vocab-size-divisible-by", str(m.vocab_size)])
-    dataset = megatron_lm_gpu.tokenized(gpt, corpus, work / "data")
+    dataset = megatron_lm_gpu.tokenized(gpt, fetched / corpus_stages.CORPUS, work / "data")
     return Result("megatron-lm", megatron_lm_gpu.launch(gpt, dataset, work / "run"), "step_time_ms", gflop)
 
 
@@ -175,7 +172,8 @@ def main() -> None:
 
     work = Path(tempfile.mkdtemp(prefix="side-by-side-"))
     flavour, _ = torchtitan_gpu.SHAPES[args.shape]
-    fetched, tokenizer = corpus_stages.fetched_corpus(work, TORCHTITAN_FLAVOURS[flavour][4])
+    fetched = corpus_stages.fetched_corpus(work)
+    tokenizer = corpus_stages.llama3_tokenizer(work, TORCHTITAN_FLAVOURS[flavour][4])
     same = [f"training.global_batch_size={GLOBAL}", f"training.checkpoint_interval={args.steps}"]
     spec = torchtitan_gpu.spec_for(args.shape, work, args.steps, tokenizer, False, same)
     # the same spec for the native backend, compiled where torchtitan compiles
@@ -184,7 +182,7 @@ def main() -> None:
         f"backend.native.compile={str(spec.backend.torchtitan.compile).lower()}"])
     runs = {"native": lambda: native(native_spec, work / "native", fetched, tokenizer),
             "torchtitan": lambda: torchtitan(spec, work / "torchtitan", fetched),
-            "megatron-lm": lambda: megatron_lm(spec, work / "megatron-lm")}
+            "megatron-lm": lambda: megatron_lm(spec, work / "megatron-lm", fetched)}
     results = []
     for name in (name for name in RUNS if name in chosen):
         results.append(runs[name]())

@@ -36,7 +36,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from corpus_stages import fetched_corpus  # noqa: E402
+from corpus_stages import fetched_corpus, llama3_tokenizer  # noqa: E402
 from node_launch import NodeRun, run_node  # noqa: E402
 
 from pretrain.presets import load_spec  # noqa: E402
@@ -100,7 +100,8 @@ def main() -> None:
         sys.exit(refusal)
 
     work = Path(tempfile.mkdtemp(prefix=f"torchtitan-{args.shape}-"))
-    fetched, tokenizer = fetched_corpus(work, TORCHTITAN_FLAVOURS[SHAPES[args.shape][0]][4])
+    fetched = fetched_corpus(work)
+    tokenizer = llama3_tokenizer(work, TORCHTITAN_FLAVOURS[SHAPES[args.shape][0]][4])
     spec = spec_for(args.shape, work, args.steps, tokenizer, args.float8, args.set)
     run = launch(spec, fetched, work / "run", args.keep_log)
     print(f"torchtitan exit {run.returncode}; step lines with a loss: {len(run.steps_with_loss)} of {args.steps}")

@@ -358,7 +358,7 @@ def float8(steps: int, micro: int, global_batch: int, smoke: bool, layers: int |
     products are wide enough to pay for its casts. The data is the tokenize stage's output of this
     machine's docstrings (``corpus_stages``), so the losses fall as on text, not to a uniform
     synthetic corpus's ln(vocabulary)."""
-    from corpus_stages import fetched_corpus, tokenized
+    from corpus_stages import CORPUS, fetched_corpus, llama3_tokenizer, tokenized
 
     from pretrain.presets import load_spec
 
@@ -367,9 +367,9 @@ def float8(steps: int, micro: int, global_batch: int, smoke: bool, layers: int |
         model = {**model, **LLAMA_8B_LAYER, "num_layers": layers}
     runs = {}
     with tempfile.TemporaryDirectory() as tmp:
-        fetched, tokenizer = fetched_corpus(Path(tmp), model["vocab_size"])
-        data = tokenized(load_spec("llama3-8b-gpu", [f"tokenizer.path={tokenizer}"]), fetched / "corpus.jsonl",
-                         Path(tmp) / "data")
+        corpus = fetched_corpus(Path(tmp)) / CORPUS
+        tokenizer = llama3_tokenizer(Path(tmp), model["vocab_size"])
+        data = tokenized(load_spec("llama3-8b-gpu", [f"tokenizer.path={tokenizer}"]), corpus, Path(tmp) / "data")
         for name, float8_on in (("bf16", False), ("float8", True)):
             work = Path(tmp) / name
             work.mkdir()
@@ -399,16 +399,18 @@ def profile(steps: int, micro: int, global_batch: int, smoke: bool) -> None:
     """Where the gpu benchmark's step spends its time: its bare loop with the blocks compiled, the
     loss eager and then compiled, each in a process of its own, the last 3 steps profiled; each
     one's step time over the steps before them, and MFU from it."""
+    from trainer.train.config import ModelConfig
     from trainer.train.device import peak_flops, resolve
-    from trainer.train.metrics import flops_per_token
+    from trainer.train.metrics import model_flops_per_token
 
+    profiled = 3
+    if steps <= WARMUP + profiled:
+        sys.exit(f"profile --steps {steps}: {WARMUP} of warm-up and {profiled} profiled leave no step to time; "
+                 f"use --steps {WARMUP + profiled + 1} or more")
     model, seq = (MODEL, SEQ) if smoke else (LLAMA_1B, 2048)
     shape = {"model": model, "seq": seq, "micro": micro, "global_batch": global_batch, "device": "auto",
              "precision": "bf16", "compile": True}
-    per_token = flops_per_token(num_layers=model["num_layers"], hidden_size=model["hidden_size"],
-                                ffn_hidden_size=model["ffn_hidden_size"], num_attention_heads=model["num_attention_heads"],
-                                num_kv_heads=model["num_kv_heads"], vocab_size=model["vocab_size"], seq_length=seq,
-                                gated_mlp=True)
+    per_token = model_flops_per_token(ModelConfig(**model), seq)
     peak = peak_flops(resolve("auto"))
     print(f"device: {device_name()}; model: {model['num_layers']} layers, hidden {model['hidden_size']}, vocab "
           f"{model['vocab_size']}, seq {seq}, micro-batch {micro}, global batch {global_batch}, blocks compiled; "
@@ -416,7 +418,7 @@ def profile(steps: int, micro: int, global_batch: int, smoke: bool) -> None:
     seconds = {}
     for compiled in (False, True):
         print(f"\n### the loss {'compiled' if compiled else 'eager'}\n", flush=True)
-        seconds[compiled] = bare_run(steps, {**shape, "compile_loss": compiled}, profile_steps=3)
+        seconds[compiled] = bare_run(steps, {**shape, "compile_loss": compiled}, profile_steps=profiled)
         tokens_per_s = global_batch * seq / seconds[compiled]
         mfu = "unknown (no peak for this device)" if peak is None else f"{100 * tokens_per_s * per_token / peak:.1f} %"
         print(f"\nbare loop, loss {'compiled' if compiled else 'eager'}: {seconds[compiled] * 1000:.1f} ms a step, "

@@ -22,7 +22,8 @@ from transformers.pytorch_utils import Conv1D
 
 from pretrain.log_parsers import parse_log
 from tests.public_logs import blocks
-from trainer.train.metrics import MetricsConfig, MetricsWriter, flops_per_token, mfu
+from trainer.train.config import ModelConfig
+from trainer.train.metrics import MetricsConfig, MetricsWriter, flops_per_token, mfu, model_flops_per_token
 
 pytestmark = pytest.mark.pure  # no stack, no Prefect API: `make check` runs it
 
@@ -247,6 +248,10 @@ def test_flops_per_token_equals_torch_flop_counter_on_a_training_step(build):
     with FlopCounterMode(display=False) as counter:
         model(input_ids=ids, labels=ids).loss.backward()
     assert counter.get_total_flops() == flops_per_token(seq_length=seq_length, **shape) * batch * seq_length
+    # the count the trainer reports its MFU with, from its own model config
+    fields = {key: value for key, value in shape.items() if key != "gated_mlp"}
+    config = ModelConfig(family="llama" if shape["gated_mlp"] else "gpt", max_position_embeddings=seq_length, **fields)
+    assert counter.get_total_flops() == model_flops_per_token(config, seq_length) * batch * seq_length
 
 
 def test_flops_per_token_is_torchtitans_count_on_its_own_published_lines():

@@ -24,7 +24,7 @@ from trainer.train.checkpoint import Checkpointer, ModelAndOptimizer
 from trainer.train.config import TrainConfig
 from trainer.train.data import BatchLoader, build_datasets
 from trainer.train.loss import loss_function
-from trainer.train.metrics import MetricsWriter, flops_per_token, mfu
+from trainer.train.metrics import MetricsWriter, mfu, model_flops_per_token
 from trainer.train.optimizer import build_optimizer, build_scheduler
 from trainer.train.parallelize import build_mesh, clip_gradients, parallelize
 
@@ -124,11 +124,7 @@ class Trainer:
         self.checkpointer = Checkpointer(cfg.checkpoint, self.rank, devices.checkpoint_staging(self.device))
         self.resumed_from = self._resume()
         self.metrics = MetricsWriter(cfg.metrics, rank=self.rank, train_steps=cfg.steps, resume_step=self.step)
-        m = cfg.model
-        self.flops_per_token = flops_per_token(
-            num_layers=m.num_layers, hidden_size=m.hidden_size, ffn_hidden_size=m.ffn_hidden_size,
-            num_attention_heads=m.num_attention_heads, num_kv_heads=m.kv_heads, vocab_size=m.vocab_size,
-            seq_length=cfg.seq_length, gated_mlp=m.family == "llama")
+        self.flops_per_token = model_flops_per_token(cfg.model, cfg.seq_length)
         self.peak_flops = devices.peak_flops(self.device)
 
     # ------------------------------------------------------------------ state

@@ -212,6 +212,16 @@ def flops_per_token(*, num_layers: int, hidden_size: int, ffn_hidden_size: int, 
     return 3.0 * forward
 
 
+def model_flops_per_token(model: Any, seq_length: int, gated_mlp: bool | None = None) -> float:
+    """:func:`flops_per_token` of a model section: the trainer's ``ModelConfig`` or the spec's
+    ``model``, which name their fields alike. The MLP is gated (SwiGLU's three matrices) where the
+    family is Llama, unless ``gated_mlp`` says otherwise (a GPT of a Llama's widths)."""
+    return flops_per_token(num_layers=model.num_layers, hidden_size=model.hidden_size,
+                           ffn_hidden_size=model.ffn_hidden_size, num_attention_heads=model.num_attention_heads,
+                           num_kv_heads=model.kv_heads, vocab_size=model.vocab_size, seq_length=seq_length,
+                           gated_mlp=model.family == "llama" if gated_mlp is None else gated_mlp)
+
+
 def mfu(tokens_per_s_per_device: float, flops_per_token: float, peak_flops_per_device: float | None) -> float | None:
     """Model FLOPs utilisation in percent; None where the device's peak is unknown (a CPU)."""
     if peak_flops_per_device is None:
