@@ -619,7 +619,7 @@ def test_non_finite_losses_in_a_row_stop_the_run(corpus, tmp_path):
 # made NaN: its backward makes every gradient NaN too, so an update would poison every weight.
 # A learning rate high enough to diverge (above) never recovers; this is one bad batch.
 NON_FINITE_STEPS = """
-import json, sys
+import json, pathlib, sys
 from trainer.train.config import TrainConfig
 from trainer.train.loop import Trainer
 
@@ -829,7 +829,7 @@ def test_gpt2_family_trains_and_exports_to_transformers(corpus, tmp_path):
 
 
 START = """
-import json, sys
+import json, pathlib, sys
 from trainer.train.config import TrainConfig
 from trainer.train.loop import Trainer
 from trainer.train.model import decoder_blocks
@@ -840,7 +840,8 @@ def kib(field):
 before = kib("VmRSS")  # torch and transformers imported
 trainer = Trainer(TrainConfig.from_file(sys.argv[1]))
 params = list(trainer.model.parameters())
-print(json.dumps({"rank": trainer.rank, "grown_kib": kib("VmHWM") - before,
+# A file a rank: two ranks printing to one stdout can interleave their lines.
+(pathlib.Path(sys.argv[1]).parent / f"started-{trainer.rank}.json").write_text(json.dumps({"rank": trainer.rank, "grown_kib": kib("VmHWM") - before,
                   "shard_kib": sum(p.to_local().numel() for p in params) * 4 // 1024,
                   "model_kib": sum(p.numel() for p in params) * 4 // 1024,
                   "layer_kib": sum(p.numel() for p in decoder_blocks(trainer.model)[0].parameters()) * 4 // 1024}))
@@ -878,8 +879,8 @@ def test_two_ranks_start_a_model_holding_under_a_layer_beyond_their_shards_in_ho
         for name, proc in procs.items():
             rc, output = proc.wait(300), (tmp_path / name / "log").read_text()
             assert rc == 0, output[-6000:]
-            lines = [json.loads(line) for line in output.splitlines() if line.startswith("{")]
-            started[name] = {r["rank"]: r for r in lines}
+            ranks = [json.loads(f.read_text()) for f in sorted((tmp_path / name).glob("started-*.json"))]
+            started[name] = {r["rank"]: r for r in ranks}
             assert sorted(started[name]) == [0, 1], output[-6000:]
     finally:
         for proc in procs.values():
