@@ -9,12 +9,16 @@ from typing import Any
 
 
 def metrics_records(path: Path) -> list[dict[str, Any]]:
+    """Every whole line's record. Only the unfinished last line (no newline yet: the one the trainer
+    is writing now) is left out; the trainer drops a killed writer's torn line when it resumes
+    (``_keep_steps_up_to``), so an unreadable line before the last is damage, and named."""
+    *whole, unfinished = path.read_text().split("\n")
     records = []
-    for line in path.read_text().splitlines():
+    for number, line in enumerate(whole, 1):
         try:
             records.append(json.loads(line))
-        except ValueError:
-            pass  # the line the trainer is writing right now
+        except ValueError as e:
+            raise ValueError(f"{path}:{number}: not a JSON record ({e}): {line[:80]!r}") from None
     return records
 
 

@@ -22,6 +22,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from trainer.records import open_appending
+
 CHAIN_FILE = "chain.jsonl"
 
 Record = dict[str, Any]
@@ -64,7 +66,7 @@ def attempts_without_checkpoint(records: list[Record]) -> int:
 
 
 def read(path: Path) -> list[Record]:
-    """The records of ``path``; a torn last line (the flow process died writing it) is left out."""
+    """The records of ``path``; a torn line (a flow process died writing it) is left out."""
     if not path.exists():
         return []
     records = []
@@ -77,7 +79,7 @@ def read(path: Path) -> list[Record]:
 
 
 def append(path: Path, record: Record) -> None:
-    with open(path, "a") as f:
+    with open_appending(path) as f:
         f.write(json.dumps(record) + "\n")
 
 

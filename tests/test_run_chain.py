@@ -77,14 +77,16 @@ def test_failures_count_crashes_and_node_failures_not_time_limits_or_preemptions
     assert node_hours == pytest.approx(4 * 2) and failures == 2
 
 
-def test_the_chain_file_keeps_every_record_and_drops_only_a_torn_last_line(tmp_path):
+def test_the_chain_file_keeps_every_record_and_drops_only_a_torn_line(tmp_path):
     path = tmp_path / run_chain.CHAIN_FILE
-    first, second = job(0, 10, 10, "TIMEOUT"), job(10, 20, 20, "TIMEOUT")
+    first, second, third = job(0, 10, 10, "TIMEOUT"), job(10, 20, 20, "TIMEOUT"), job(20, 30, 30, "TIMEOUT")
     run_chain.append(path, first)
     run_chain.append(path, second)
     with open(path, "a") as f:
         f.write('{"flow_run": "f", "job": ')  # the flow process died writing it
     assert run_chain.read(path) == [first, second]
+    run_chain.append(path, third)  # the next flow run's job: on a line of its own, not joined to the torn one
+    assert run_chain.read(path) == [first, second, third]
     assert run_chain.read(tmp_path / "none.jsonl") == []
 
 

@@ -25,6 +25,7 @@ import pytest
 from torch.distributed.checkpoint import FileSystemReader
 
 from deployments.stack.processes import alive
+from pretrain.metrics_records import metrics_records
 from trainer.indexed_dataset import IndexedDatasetWriter
 from render.native import FORWARDED_SIGNALS
 from trainer.train.checkpoint import MARKER, complete_steps, step_dir, verify
@@ -185,20 +186,9 @@ def wait_until(condition, proc: subprocess.Popen, run: Path, timeout: float = 24
         time.sleep(0.01)
 
 
-def read_jsonl(path: Path) -> list[dict]:
-    if not path.exists():
-        return []
-    lines = []
-    for line in path.read_text().splitlines():
-        try:
-            lines.append(json.loads(line))
-        except ValueError:
-            pass  # the torn last line of a writer caught mid-write
-    return lines
-
-
 def metrics(run: Path) -> list[dict]:
-    return read_jsonl(run / "metrics.jsonl")
+    path = run / "metrics.jsonl"
+    return metrics_records(path) if path.exists() else []
 
 
 def step_lines(run: Path) -> list[dict]:

@@ -21,6 +21,7 @@ from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausa
 from transformers.pytorch_utils import Conv1D
 
 from pretrain.log_parsers import parse_log
+from pretrain.metrics_records import metrics_records
 from tests.public_logs import blocks
 from trainer.train.config import ModelConfig
 from trainer.train.metrics import MetricsConfig, MetricsWriter, flops_per_token, mfu, model_flops_per_token
@@ -36,10 +37,6 @@ def step_metrics(step: int, loss: float | None = None) -> dict[str, float]:
             "nan_iterations": 0}
 
 
-def read_jsonl(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines()]
-
-
 def test_jsonl_has_every_step_eval_and_event_flushed_while_open(tmp_path, capsys):
     path = tmp_path / "run" / "metrics.jsonl"
     writer = MetricsWriter(MetricsConfig(jsonl_path=str(path)), rank=0, train_steps=10)
@@ -49,7 +46,7 @@ def test_jsonl_has_every_step_eval_and_event_flushed_while_open(tmp_path, capsys
     writer.log_eval(2, {"val_loss": 4.5, "val_ppl": math.exp(4.5)})
     writer.log_event(2, "checkpoint_saved", path=tmp_path / "step-2", bytes=4096)
 
-    records = read_jsonl(path)  # the writer is still open: every line must already be on disk
+    records = metrics_records(path)  # the writer is still open: every line must already be on disk
     assert [r["step"] for r in records] == [1, 2, 2, 2]
     first, nan_step, evaluation, event = records
     assert first == {"step": 1, **step_metrics(1), "time": first["time"]} and before <= first["time"] <= time.time()
@@ -96,7 +93,7 @@ def test_resume_drops_the_dead_attempts_steps_after_its_checkpoint(tmp_path, cap
         resumed.log_step(step, step_metrics(step, loss=100.0 + step))
     resumed.close()
 
-    records = read_jsonl(Path(cfg.jsonl_path))
+    records = metrics_records(Path(cfg.jsonl_path))
     assert [(r["step"], r.get("event")) for r in records] == [
         (1, None), (2, None), (3, None), (4, None), (4, "checkpoint_saved"), (4, "resumed"),
         (5, None), (6, None), (7, None), (8, None)]
@@ -114,7 +111,22 @@ def test_fresh_start_drops_an_attempt_that_died_before_its_first_checkpoint(tmp_
     retry = MetricsWriter(cfg, rank=0, train_steps=8)
     retry.log_step(1, step_metrics(1, loss=7.0))
     retry.close()
-    assert [(r["step"], r["loss"]) for r in read_jsonl(Path(cfg.jsonl_path))] == [(1, 7.0)]
+    assert [(r["step"], r["loss"]) for r in metrics_records(Path(cfg.jsonl_path))] == [(1, 7.0)]
+
+
+def test_a_reader_waits_for_the_line_being_written_and_names_a_damaged_one(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    writer = MetricsWriter(MetricsConfig(jsonl_path=str(path)), rank=0, train_steps=8)
+    for step in (1, 2):
+        writer.log_step(step, step_metrics(step))
+    writer.close()
+    with open(path, "a") as f:
+        f.write('{"step": 3, "lo')  # being written now
+    assert [r["step"] for r in metrics_records(path)] == [1, 2]
+    lines = path.read_text().splitlines()
+    path.write_text("\n".join([lines[0], lines[1][:20], lines[2]]))  # damaged on disk, not being written
+    with pytest.raises(ValueError, match=rf"{path}:2: not a JSON record"):
+        metrics_records(path)
 
 
 def test_resume_killed_mid_rewrite_leaves_the_file_whole(tmp_path):

@@ -8,6 +8,7 @@ import os
 import socket
 import sys
 from pathlib import Path
+from typing import TextIO
 
 
 def node_name() -> str:
@@ -28,3 +29,16 @@ def emit(record: dict, path: str | None = None) -> None:
     # all emit their record at once into one pipe, where two writes each could interleave.
     sys.stdout.write(line + "\n")
     sys.stdout.flush()
+
+
+def open_appending(path: Path) -> TextIO:
+    """``path`` opened to append JSON lines. A writer killed in the middle of a line leaves it torn,
+    without its newline: the next line appended would join it, and a reader that skips the torn
+    line would lose the whole one too. So a torn end is closed with a newline first."""
+    out = path.open("a", encoding="utf-8")
+    if out.tell():
+        with path.open("rb") as f:
+            f.seek(-1, os.SEEK_END)
+            if f.read(1) != b"\n":
+                out.write("\n")
+    return out

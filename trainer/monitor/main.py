@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from trainer.records import node_name
+from trainer.records import node_name, open_appending
 
 # Record fields as TensorBoard tags with their units.
 TAGS = {"util_pct": "util(%)", "memory_gib": "memory(GiB)", "power_w": "power(W)", "temperature_c": "temperature(C)",
@@ -89,7 +89,7 @@ def main(argv: list[str]) -> int:
     board = TensorBoard(str(Path(args.tensorboard) / f"devices-{node}")) if args.tensorboard else None
     step = 0
     try:
-        with path.open("a", encoding="utf-8") as out:
+        with open_appending(path) as out:
             # the last sample is taken after SIGTERM, so a short run still has one
             while True:
                 deadline = time.monotonic() + args.interval
