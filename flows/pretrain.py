@@ -32,11 +32,11 @@ from pretrain.hub_refs import spec_references
 from pretrain.presets import load_spec
 from pretrain.spec import PretrainSpec
 from tasks.fetch import fetch_hub_files
+from tasks.executor import jobs_of_this_flow_run
 from tasks.preflight import preflight
 from flows.dry_run import publish_rendered
 from render.nxdt import check_model_config
 from jobs.contract import FlowRunCancelled, raise_if_cancelled
-from jobs.slurm import jobs_of_this_flow_run
 from flows.stages import STAGE_NAMES, StageName, refuse_not_run, to_run
 from tasks.train_artifacts import publish_run_summary
 
@@ -137,6 +137,6 @@ def _summary(spec: PretrainSpec, stage: StageTimer, outcome: str, failure: BaseE
              "outcome": outcomes.get(job["job_id"]) or job["outcome"]} for job in jobs_of_this_flow_run()]
     measured = train_result["metrics"] if train_result else getattr(failure, "metrics", None)
     return RunSummary(spec=spec.model_dump(mode="json"), outcome=outcome, code_version=manifest.code_version(),
-                      packages=package_versions(), slurm_jobs=jobs, stage_seconds=stage.seconds,
+                      packages=package_versions(), jobs=jobs, stage_seconds=stage.seconds,
                       compile_graphs=compiled,
                       **(measured or {**metrics_summary([]), **DeviceSamples().figures()}))

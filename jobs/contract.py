@@ -286,3 +286,8 @@ class Backend(Protocol):
 
     def lost_nodes(self, nodes: list[str]) -> set[str]:
         """Of a node failure's ``nodes``, those to leave out of the next submission."""
+
+    def jobs_of_this_flow_run(self) -> list[dict[str, str]]:
+        """``{"name", "job_id", "nodes", "outcome"}`` for each job this flow run submitted here,
+        in submission order: ``nodes`` as the scheduler names them, ``outcome`` "completed", else
+        the scheduler's state and why."""

@@ -22,6 +22,8 @@ from collections import deque
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Hashable, Iterable, Protocol
 
+from prefect.runtime import flow_run
+
 from blocks.kubernetes import KubernetesCluster
 from jobs.contract import (LOG_TAIL_LINES, CancelWatch, FlowRunCancelled, JobFailed, JobRequest, exit_on_sigterm,
                            new_lease, run_logger)
@@ -139,6 +141,15 @@ def job_outcome(status: dict[str, Any], pods: list[PodOutcome]) -> PodOutcome:
 DELETED = PodOutcome("CANCELLED", "", "the job was deleted")
 
 
+def described(outcome: PodOutcome) -> str:
+    """A job's outcome in the Slurm layer's words (``jobs.slurm.job_outcome``): "completed", else
+    the state, a non-zero exit code and why."""
+    if outcome.state == "COMPLETED":
+        return "completed"
+    code = f" with exit code {outcome.exit_code}" if outcome.exit_code not in ("", "0") else ""
+    return f"{outcome.state}{code}" + (f": {outcome.detail}" if outcome.detail else "")
+
+
 class PodLogs:
     """The lines of a job's pods' logs, each pod's log read once, in order, as it grows: one
     thread per pod reads the API's follow stream and hands on what arrives."""
@@ -195,6 +206,7 @@ class SubmittedJob:
     lease: str | None = None  # the file its pods' lease watches (jobs/lease.py); None: no lease
     nodes: list[str] = field(default_factory=list)  # of its pods, in their names' order
     phases: dict[str, str] = field(default_factory=dict)  # of its pods, by name
+    outcome: str = ""  # how it ended, once it has: the run summary's words (:func:`described`)
 
     @property
     def running(self) -> bool:
@@ -261,6 +273,19 @@ class Manifests(Protocol):
                      name: str) -> dict[str, Any]: ...
 
 
+# The jobs each flow run submitted (by flow run id; None outside a flow), in order, with the name
+# of the request they were made for: what the run summary lists.
+_submitted: dict[Any, list[tuple[str, SubmittedJob]]] = {}
+
+
+def jobs_of_this_flow_run() -> list[dict[str, str]]:
+    """``{"name", "job_id", "nodes", "outcome"}`` for each job this flow run created: ``job_id``
+    is ``namespace/name``, ``nodes`` the Kubernetes nodes of its pods, ``outcome``
+    :func:`described` ("" for a job that has not ended)."""
+    return [{"name": name, "job_id": job.job_id, "nodes": ",".join(job.nodes), "outcome": job.outcome}
+            for name, job in _submitted.get(flow_run.get_id(), [])]
+
+
 def submit(api: KubernetesApi, requests: list[JobRequest], target: KubernetesTarget, folder: Path,
            stage: str, manifests: Manifests) -> SubmittedJob:
     """Create the job of ``requests`` (one command each), its pods under a fresh lease in
@@ -276,8 +301,10 @@ def submit(api: KubernetesApi, requests: list[JobRequest], target: KubernetesTar
         api.custom.create_namespaced_custom_object(KUBEFLOW_GROUP, KUBEFLOW_VERSION, meta["namespace"], PYTORCHJOBS, body)
     else:
         api.batch.create_namespaced_job(meta["namespace"], body)
-    return SubmittedJob(body["kind"], meta["name"], meta["namespace"], api, manifests.CONTAINER,
-                        lease=str(lease) if lease else None)
+    job = SubmittedJob(body["kind"], meta["name"], meta["namespace"], api, manifests.CONTAINER,
+                       lease=str(lease) if lease else None)
+    _submitted.setdefault(flow_run.get_id(), []).append((requests[0].name, job))
+    return job
 
 
 def _unless_gone(call: Callable[[], Any]) -> Any:
@@ -333,6 +360,7 @@ def cancel(api: KubernetesApi, job: SubmittedJob) -> None:
     from kubernetes.client import V1DeleteOptions
 
     options = V1DeleteOptions(propagation_policy="Foreground")
+    job.outcome = job.outcome or "CANCELLED: deleted by the flow run"
     if job.kind == "PyTorchJob":
         _unless_gone(lambda: api.custom.delete_namespaced_custom_object(
             KUBEFLOW_GROUP, KUBEFLOW_VERSION, job.namespace, PYTORCHJOBS, job.name, body=options))
@@ -390,6 +418,7 @@ def wait_all(api: KubernetesApi, jobs: list[SubmittedJob], names: list[str], pol
                 if on_line is not None:
                     on_line(pod, line)
             if outcome.state:
+                job.outcome = described(outcome)
                 pending.remove(i)
                 outcomes[i] = outcome if outcome.state == "COMPLETED" else JobFailed(
                     job.job_id, names[i], outcome.state, outcome.detail, list(job.logs.tail),
@@ -397,6 +426,7 @@ def wait_all(api: KubernetesApi, jobs: list[SubmittedJob], names: list[str], pol
                     f"-l {PYTORCHJOB_POD_LABEL if job.kind == 'PyTorchJob' else JOB_POD_LABEL}={job.name}")
         if pending and deadline is not None and time.monotonic() > deadline:
             for i in pending:
+                jobs[i].outcome = f"CANCELLED: no result after {max_wait_s:.0f} s"
                 cancel(api, jobs[i])
                 outcomes[i] = JobFailed(jobs[i].job_id, names[i], "CANCELLED", f"no result after {max_wait_s:.0f} s",
                                              list(jobs[i].logs.tail))
@@ -534,3 +564,6 @@ class KubernetesBackend:
         """All of them: a pod evicted for a NoExecute taint (not ready, unreachable, out of
         service) names its node alone."""
         return set(nodes)
+
+    def jobs_of_this_flow_run(self) -> list[dict[str, str]]:
+        return jobs_of_this_flow_run()

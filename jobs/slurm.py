@@ -671,6 +671,9 @@ class SlurmBackend:
     def running(self, job: submitit.Job) -> bool:
         return job_running(job)
 
+    def jobs_of_this_flow_run(self) -> list[dict[str, str]]:
+        return jobs_of_this_flow_run()
+
     def wait_gone(self, job: submitit.Job, timeout_s: float) -> bool:
         return wait_gone(job, timeout_s)
 

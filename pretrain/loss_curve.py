@@ -312,16 +312,18 @@ def package_versions() -> dict[str, str | None]:
     return versions
 
 
-class SlurmJob(TypedDict):
+class ClusterJob(TypedDict):
     stage: str
     job_id: str
+    """Slurm's job id; a Kubernetes job's ``namespace/name``."""
     nodes: str
-    """Slurm's node list, compressed as Slurm writes it (``node-[1-4]``): its names for the nodes
-    (NodeName), which the compile table's nodes also use and the host names may differ from; the
-    host name under the local executor."""
+    """The nodes as the scheduler names them: Slurm's node list, compressed as Slurm writes it
+    (``node-[1-4]``: its NodeNames, which the compile table's nodes also use and the host names
+    may differ from; the host name under the local executor), or the Kubernetes nodes of the
+    job's pods, comma-separated."""
     outcome: str
-    """How the job ended: the train stage's attempt outcome where there is one, else Slurm's
-    (``completed``, ``FAILED with exit code 1:0``); "" while the job may still run."""
+    """How the job ended: the train stage's attempt outcome where there is one, else the
+    scheduler's (``completed``, ``FAILED with exit code 1:0``); "" while the job may still run."""
 
 
 class RunSummary(TypedDict):
@@ -332,7 +334,7 @@ class RunSummary(TypedDict):
       how far it got: its jobs, stage durations and whatever it measured).
     - ``code_version``: ``pretrain.manifest.code_version()`` (``git:<sha>``).
     - ``packages``: ``package_versions()``.
-    - ``slurm_jobs``: one ``SlurmJob`` per Slurm job of the run, in submission order.
+    - ``jobs``: one ``ClusterJob`` per job of the run (Slurm's or Kubernetes'), in submission order.
     - ``stage_seconds``: wall-clock seconds per stage (``{"tokenize": 812.4, "train": ...}``).
     - ``final_step``: the last step logged.
     - ``tokens_per_s``, ``step_time_ms``, ``mfu_pct``: median over the logged steps after the
@@ -350,7 +352,7 @@ class RunSummary(TypedDict):
     outcome: str
     code_version: str
     packages: dict[str, str | None]
-    slurm_jobs: list[SlurmJob]
+    jobs: list[ClusterJob]
     stage_seconds: dict[str, float]
     final_step: int | None
     tokens_per_s: float | None
@@ -458,12 +460,13 @@ def run_summary_markdown(summary: RunSummary) -> str:
         f"| peak device memory | {_fmt_unit(summary['device_memory_gib'], 'GiB', 2)} |",
         f"| code version | `{summary['code_version']}` |",
         "",
-        "#### Slurm jobs",
-        "_nodes by their Slurm names (NodeName), as --nodelist takes them; host names may differ_",
+        "#### Jobs",
+        "_nodes as the scheduler names them (Slurm's NodeName, as --nodelist takes them; a Kubernetes "
+        "node's name); host names may differ_",
         "",
         "| stage | job id | nodes | outcome |",
         "|---|---|---|---|",
-        *(f"| {j['stage']} | {j['job_id']} | {j['nodes']} | {_one_line(j['outcome'])} |" for j in summary["slurm_jobs"]),
+        *(f"| {j['stage']} | {j['job_id']} | {j['nodes']} | {_one_line(j['outcome'])} |" for j in summary["jobs"]),
         "",
         "#### Compiled graphs",
         "| stage | node | compiled | from cache |",

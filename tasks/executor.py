@@ -54,6 +54,12 @@ def cluster_for(spec: Any) -> Cluster:
     return target
 
 
+def jobs_of_this_flow_run() -> list[dict[str, str]]:
+    """Every job this flow run submitted, on whichever kind of cluster
+    (:meth:`jobs.contract.Backend.jobs_of_this_flow_run`)."""
+    return [job for layer in (SLURM, KUBERNETES) for job in layer.jobs_of_this_flow_run()]
+
+
 def job_folder(spec: Any, cluster: Cluster) -> Path:
     """Where a Slurm job's scripts and logs go; a Kubernetes job's lease (its logs are the pods':
     ``kubectl logs``)."""

@@ -338,7 +338,7 @@ def test_tiny_local_run_publishes_every_artifact_and_the_ui_draws_the_loss_curve
     assert re.search(r"\| mean device utilization \| [\d.]+ % \|", summary), summary
     # Every stage's Slurm jobs, each completed, in the order they ran (the module's runs share
     # their root: the nightly benchmark's may have tokenized the corpus already).
-    jobs = section_rows(summary, "Slurm jobs")
+    jobs = section_rows(summary, "Jobs")
     tokenized = "nothing submitted" not in artifacts["tiny-local-tokenize"].description
     assert [stage for stage, *_ in jobs] == ["tokenize-0-of-1", "tokenize-merge"] * tokenized + ["train"], summary
     assert all(outcome == "completed" for *_, outcome in jobs), summary

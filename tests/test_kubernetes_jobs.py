@@ -117,6 +117,14 @@ def target(server: RecordedApiServer, volume: Path | None = None) -> KubernetesT
     return KubernetesTarget(cluster, load_spec("gpt3-7.5b-eks", [f"paths.root={volume}/pretrain"] if volume else []))
 
 
+def listed(server: RecordedApiServer) -> list[tuple[str, str, str]]:
+    """What the run summary lists of the jobs created on ``server``: name, nodes, outcome (outside a
+    flow run every test's jobs are listed together, so those of others are left out)."""
+    created = {f"{body['metadata']['namespace']}/{body['metadata']['name']}" for body in server.created()}
+    return [(job["name"], job["nodes"], job["outcome"]) for job in kubernetes.jobs_of_this_flow_run()
+            if job["job_id"] in created]
+
+
 GETDATA_LOG = (RECORDED / "getdata-job-logs.txt").read_text()
 OOM_KILLED = RecordedPod("ip-10-0-1-1", {"phase": "Failed",
                                          "containerStatuses": recorded("pod-container-statuses-oomkilled.yaml")})
@@ -217,6 +225,7 @@ def test_a_job_past_the_wait_is_deleted_once_and_fails_cancelled(tmp_path):
             kubernetes.run_job(JobRequest("getdata", Command(["true"]), 10), target(server), tmp_path, manifests, poll_s=0.01, max_wait_s=0)
     assert failed.value.state == "CANCELLED"
     assert len(server.sent("DELETE")) == 1
+    assert listed(server) == [("getdata", "ip-10-0-1-1", "CANCELLED: no result after 0 s")]  # the run summary's row
 
 
 def test_training_runs_on_the_nodes_precompile_ran_on_and_leaves_out_a_lost_one(tmp_path):
@@ -246,6 +255,13 @@ def test_training_runs_on_the_nodes_precompile_ran_on_and_leaves_out_a_lost_one(
             "gpt-train", Command(["torchrun"]), 60, nodes=2, gpus_per_node=8))
     assert [a["outcome"].split(":")[0] for a in attempts.history] == ["NODE_FAIL", "completed"]
     assert attempts.history[0]["nodes"] == "ip-10-0-1-1,ip-10-0-1-2" and attempts.excluded == {"ip-10-0-1-1"}
+    # the run summary's jobs: each with its pods' nodes and how it ended
+    assert listed(server) == [
+        ("gpt-precompile", "ip-10-0-1-1,ip-10-0-1-2", "completed"),
+        ("gpt-train", "ip-10-0-1-1,ip-10-0-1-2",
+         "NODE_FAIL: DeletionByTaintManager: Taint manager: deleting due to NoExecute taint; "
+         "BackoffLimitExceeded: Job has reached the specified backoff limit"),
+        ("gpt-train", "ip-10-0-1-2", "completed")]
 
     def node_terms(body):
         pod = body["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]

@@ -342,7 +342,7 @@ def a_summary(points: list[dict]) -> RunSummary:
         "outcome": "completed",
         "code_version": "git:0123456789abcdef0123456789abcdef01234567",
         "packages": package_versions(),
-        "slurm_jobs": [{"stage": "tokenize", "job_id": "41_0", "nodes": "node-1", "outcome": ""},
+        "jobs": [{"stage": "tokenize", "job_id": "41_0", "nodes": "node-1", "outcome": ""},
                        {"stage": "train", "job_id": "42", "nodes": "node-[1-4]",
                         "outcome": "FAILED: exit code 1:0 -- the trainer stopped on SIGUSR2 at step 120 and saved a "
                                    "checkpoint"},
@@ -382,7 +382,7 @@ def test_run_summary_markdown_reports_every_key():
     assert "| step time | 501.0 ms |" in markdown
     assert "`git:0123456789abcdef0123456789abcdef01234567`" in markdown
     assert "| tokenize | 41_0 | node-1 |  |" in markdown and "| train | 43 | node-[1-4] | completed |" in markdown
-    assert "_nodes by their Slurm names (NodeName)" in markdown  # not necessarily the host names
+    assert "_nodes as the scheduler names them (Slurm's NodeName" in markdown  # not necessarily the host names
     assert ("| train | 42 | node-[1-4] | FAILED: exit code 1:0 -- the trainer stopped on SIGUSR2 at step 120 and "
             "saved a checkpoint |") in markdown
     assert "| train | 7384.0 | 2:03:04 |" in markdown

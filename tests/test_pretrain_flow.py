@@ -91,7 +91,7 @@ def test_tiny_local_runs_every_stage_on_the_demo_corpus(s3_endpoint, demo_tokeni
     stages = [stage for stage, *_ in section_rows(summary, "Stage durations")]
     assert stages == ["preflight", "fetch", "tokenize", "train"], summary
     # every job of the run, each stage's: the tokenize shards and their merge, training
-    jobs = section_rows(summary, "Slurm jobs")
+    jobs = section_rows(summary, "Jobs")
     assert [stage for stage, *_ in jobs] == ["tokenize-0-of-2", "tokenize-1-of-2", "tokenize-merge", "train"], summary
     assert jobs[-1][1] == trained["attempts"][0]["job"] and jobs[-1][-1] == "completed", jobs
 
