@@ -73,12 +73,18 @@ def test_a_step_left_twice_or_missing_in_the_final_stream_is_counted():
 
 
 def test_goodput_counts_each_completed_steps_time_once_and_nothing_of_a_failed_run():
-    wall = RECORD["ended"] - RECORD["started"]
-    completed = [run for run in RECORD["runs"] if run["state"] == "Completed"]
-    by_hand = sum(sum({r["step"]: r["step_time_ms"] for r in run["final"]}.values()) for run in completed) / 1000
-    assert goodput(RECORD["runs"], RECORD["started"], RECORD["ended"]) == pytest.approx(by_hand / wall)
-    failed = {**copy.deepcopy(completed[0]), "state": "Failed"}
-    assert useful_seconds(failed) == 0.0
+    def steps(*times_ms: tuple[int, float]) -> list[dict]:
+        return [{"step": step, "step_time_ms": ms} for step, ms in times_ms]
+
+    # 3 s of steps, step 2's second result replacing its first; 1 s; nothing of the failed run
+    runs = [{"state": "Completed", "final": steps((1, 1000), (2, 1500), (2, 1000), (3, 1000))},
+            {"state": "Completed", "final": steps((1, 500), (2, 500))},
+            {"state": "Failed", "final": steps((1, 4000))}]
+    assert goodput(runs, 100.0, 110.0) == pytest.approx(0.4)
+    assert useful_seconds(runs[2]) == 0.0
+    # the recorded soak: a run that ended Failed counts nothing
+    completed = next(run for run in RECORD["runs"] if run["state"] == "Completed")
+    assert useful_seconds(completed) > 0 and useful_seconds({**copy.deepcopy(completed), "state": "Failed"}) == 0.0
     # the recomputed steps' first times are not useful: the run's useful time is one pass over the steps
     _, run = struck("rank")
     assert useful_seconds(run) < sum(r["step_time_ms"] for r in run["seen"]) / 1000
