@@ -4,8 +4,8 @@ The model itself is pretrain/checkpoint_advice.py (docs/checkpoints.md).
 
 - save stall: the native trainer's, measured from its metrics (the gap between two step records
   around a checkpoint, less the step itself); before that, or for a backend whose log gives no
-  step times, an estimate: the checkpoint's bytes (weights, fp32 master weights and two Adam
-  moments, 14 bytes a parameter) written at :data:`ASSUMED_WRITE_BYTES_PER_S` per node;
+  step times, an estimate: the checkpoint's bytes (``pretrain.checkpoint_room.checkpoint_bytes``)
+  written at :data:`ASSUMED_WRITE_BYTES_PER_S` per node;
 - restart: the median time the run's chain lost between jobs; before that, ``cluster.startup_min``
   plus :data:`ASSUMED_REQUEUE_S`;
 - step time: the run's median; before that, ``training.step_time_s`` (None: advice in seconds);
@@ -19,6 +19,7 @@ import statistics
 from typing import Any
 
 from pretrain import run_chain
+from pretrain.checkpoint_room import BYTES_PER_PARAMETER, checkpoint_bytes, parameters
 from pretrain.checkpoint_advice import (DEFAULT_NODE_MTBF_H, FailureInputs, advise, auto_interval_steps,
                                        node_mtbf_from_history)
 from pretrain.spec import PretrainSpec
@@ -28,20 +29,8 @@ from pretrain.spec import PretrainSpec
 ASSUMED_WRITE_BYTES_PER_S = 1e9
 # Slurm's time from a job's end to the next one's start when nodes are free: its scheduler's pass.
 ASSUMED_REQUEUE_S = 60.0
-BYTES_PER_PARAMETER = 14  # bf16 weights (2) + fp32 master weights (4) + Adam's two fp32 moments (8)
-
-
-def parameters(spec: PretrainSpec) -> int:
-    """The model's parameters: each layer's attention and MLP weights, the embedding and the output."""
-    m = spec.model
-    kv = m.kv_heads * m.head_dim
-    attention = m.hidden_size * (m.hidden_size + 2 * kv) + m.hidden_size * m.hidden_size
-    mlp = (3 if m.family == "llama" else 2) * m.hidden_size * m.ffn_hidden_size
-    return m.num_layers * (attention + mlp) + 2 * m.vocab_size * m.hidden_size
-
-
 def estimated_stall_s(spec: PretrainSpec) -> float:
-    return parameters(spec) * BYTES_PER_PARAMETER / (ASSUMED_WRITE_BYTES_PER_S * spec.cluster.nodes)
+    return checkpoint_bytes(spec) / (ASSUMED_WRITE_BYTES_PER_S * spec.cluster.nodes)
 
 
 def measured_stall_s(points: list[dict[str, Any]], interval: int) -> float | None:
@@ -72,7 +61,8 @@ def failure_inputs(spec: PretrainSpec, node_mtbf_h: float | None = None, chain: 
 def advice_lines(spec: PretrainSpec, inputs: FailureInputs, measured: bool) -> list[str]:
     """The advice as `pretrain plan` and the chain artifact print it, saying where its inputs came from."""
     source = ("measured by the run where it has (save stall, restart, step time, failures)" if measured else
-              f"save stall estimated ({parameters(spec) / 1e9:.2f} B parameters x {BYTES_PER_PARAMETER} bytes at "
+              f"save stall estimated ({parameters(spec) / 1e9:.2f} B parameters x "
+              f"{BYTES_PER_PARAMETER[spec.backend.kind]} bytes at "
               f"{ASSUMED_WRITE_BYTES_PER_S / 1e9:g} GB/s per node), restart = cluster.startup_min + "
               f"{ASSUMED_REQUEUE_S:.0f} s, step time training.step_time_s, node MTBF the default unless the "
               "cluster block sets node_mtbf_h: the run measures its own")

@@ -28,14 +28,16 @@ from prefect.runtime import flow_run
 
 from tasks.executor import (NODE_STATES, Cluster, excluded_after, failure_nodes, job_folder, job_nodes, job_running,
                            node_mtbf_h, on_nodes, run_job, shrinks_by_resubmission, usable_nodes, wait_gone)
-from jobs.contract import JobFailed, JobRequest, run_logger
+from jobs.contract import ClusterMismatch, JobFailed, JobRequest, run_logger
 from pretrain import checkpoint_interval, run_chain
+from pretrain.checkpoint_room import room_refusal
 from pretrain.checkpoint_advice import FailureInputs
 from pretrain.device_samples import DeviceSamples
 from pretrain.log_parsers import MetricsStream, parse_log, rank_error
 from pretrain.loss_curve import metrics_summary
 from pretrain.spec import PretrainSpec
 from tasks.runs import RunClaim
+from trainer.run_layout import checkpoint_dir
 from tasks.train_artifacts import publish_chain, publish_devices, publish_loss_curve, publish_progress
 
 LOSS_CURVE_EVERY_S = 30.0
@@ -232,6 +234,8 @@ def run_attempts(spec: PretrainSpec, cluster: Cluster, follower: MetricsFollower
         def finished(outcome: str) -> bool:
             reached = max(checkpoint_step(), max(follower.stream.points, default=0))
             return job_completed(outcome) and reached >= spec.training.steps
+    if refused := room_refusal(spec, checkpoint_dir(run)):
+        raise ClusterMismatch(f"train {spec.name}: {refused}; nothing was queued")
     with RunClaim(run, cluster):
         return _chain_of_jobs(spec, cluster, follower, budget, prepare, run, checkpoint_step, finished, explain)
 

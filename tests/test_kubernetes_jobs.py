@@ -28,6 +28,7 @@ from render import kubernetes as manifests
 from render.kubernetes import batch_job, leased
 from kubernetes_api_server import RECORDED, RecordedApiServer, RecordedPod, Replay, recorded
 from kubernetes_schemas import invalid
+from tests.model_that_fits import MODEL_THAT_FITS
 
 pytestmark = pytest.mark.pure
 
@@ -114,7 +115,8 @@ def target(server: RecordedApiServer, volume: Path | None = None) -> KubernetesT
     settings = {"mount_path": str(volume)} if volume else {}
     cluster = runbook_cluster().model_copy(update={"image": "megatron-lm:0.16.1", "namespace": "training",
                                                    "api_server": server.url, **settings})
-    return KubernetesTarget(cluster, load_spec("gpt3-7.5b-eks", [f"paths.root={volume}/pretrain"] if volume else []))
+    return KubernetesTarget(cluster, load_spec("gpt3-7.5b-eks", [*MODEL_THAT_FITS, *([f"paths.root={volume}/pretrain"]
+                                                                                      if volume else [])]))
 
 
 def listed(server: RecordedApiServer) -> list[tuple[str, str, str]]:

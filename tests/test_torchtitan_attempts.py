@@ -15,6 +15,7 @@ from prefect.client.schemas.sorting import ArtifactSort
 
 from blocks.kubernetes import runbook_cluster
 from pretrain.presets import load_spec
+from pretrain.spec import flavour_overrides
 from tasks.artifacts import artifact_key
 from tasks.train_torchtitan import train_torchtitan
 from kubernetes_api_server import RecordedApiServer, RecordedPod, Replay, recorded
@@ -88,7 +89,10 @@ def test_a_torchtitan_run_that_died_of_an_nccl_timeout_resumes_and_reports_both_
                                              "mount_path": str(tmp_path), "api_server": server.url}
                                      ).save("torchtitan-attempts", overwrite=True)
         # the run's last step is the second attempt's last line: the job that ends well there ends the run
-        spec = load_spec("llama3-8b-gpu", ["cluster.block=kubernetes-cluster/torchtitan-attempts",
+        # torchtitan's debug model: the 8B's checkpoints (96 GB) would not fit this machine's disk,
+        # which the train task checks before it queues anything (pretrain/checkpoint_room.py)
+        spec = load_spec("llama3-8b-gpu", [*flavour_overrides("debugmodel"),
+                                           "cluster.block=kubernetes-cluster/torchtitan-attempts",
                                            f"paths.root={tmp_path}/pretrain", "name=titan-attempts",
                                            "training.train_steps=700"])
         result = train_torchtitan.fn(spec, str(tmp_path / "data"))

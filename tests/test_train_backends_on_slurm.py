@@ -25,6 +25,7 @@ from blocks.cluster import SlurmCluster
 from pretrain import run_chain
 from pretrain.log_parsers import rank_error
 from pretrain.presets import load_spec
+from tests.model_that_fits import MODEL_THAT_FITS
 from render.megatron_lm import PRETRAIN_GPT
 from tasks.attempts import TrainingFailed
 from tasks.train_megatron import train_megatron
@@ -91,7 +92,7 @@ def node_name() -> str:
 def test_nxdt_training_runs_its_train_sh_on_the_node_and_stops_at_the_missing_orchestrator(
         local_node, tmp_path, clean_queue):
     # the tutorial's one-node GPT preset; cpus_per_task: the local node has 2 CPUs, not a trn1's 128
-    spec = load_spec("megatron-gpt-6.7b", [f"paths.root={tmp_path}", f"cluster.block={local_node}",
+    spec = load_spec("megatron-gpt-6.7b", [*MODEL_THAT_FITS, f"paths.root={tmp_path}", f"cluster.block={local_node}",
                                            "cluster.time_limit_min=5", "cluster.startup_min=1",
                                            "backend.neuron.save_before_limit_s=60", "cluster.cpus_per_task=1",
                                            f"name=nxdt-{uuid.uuid4().hex[:8]}"])
@@ -113,7 +114,7 @@ def test_nxdt_training_runs_its_train_sh_on_the_node_and_stops_at_the_missing_or
 def test_megatron_lm_runs_its_torchrun_line_on_the_node_and_stops_at_the_missing_pretrain_gpt(
         local_node, tmp_path, clean_queue):
     # the runbooks' GPT-3 7.5B on the one local node, one rank: no tensor parallelism across 8 GPUs
-    spec = load_spec("gpt3-7.5b-gpu", [f"paths.root={tmp_path}", f"cluster.block={local_node}",
+    spec = load_spec("gpt3-7.5b-gpu", [*MODEL_THAT_FITS, f"paths.root={tmp_path}", f"cluster.block={local_node}",
                                        "cluster.nodes=1", "cluster.devices_per_node=1", "cluster.cpus_per_task=1",
                                        "parallel.tp=1", "parallel.sequence_parallel=false",
                                        "cluster.time_limit_min=5", "cluster.startup_min=1",

@@ -390,6 +390,24 @@ def test_a_run_without_a_final_checkpoint_writes_none(corpus, tmp_path):
     assert complete_steps(run / "checkpoints") == [] and not events(run, "checkpoint")
 
 
+def test_a_checkpoint_holds_the_bytes_a_parameter_that_the_room_check_counts(baseline):
+    """pretrain/checkpoint_room.py sizes a native checkpoint at 12 bytes a parameter (fp32 weights
+    and AdamW's two fp32 moments) before the train task queues a run: what the trainer's checkpoint
+    holds by DCP's own metadata, and on disk beside a fixed overhead (the metadata, the generator
+    states, DCP's framing: 10 % at this model's 156,000 parameters)."""
+    from pretrain.checkpoint_room import BYTES_PER_PARAMETER
+
+    checkpoint = step_dir(baseline / "checkpoints", STEPS)
+    tensors = {k: v for k, v in FileSystemReader(str(checkpoint)).read_metadata().state_dict_metadata.items()
+               if hasattr(v, "size")}
+    parameters = sum(math.prod(v.size) for k, v in tensors.items() if k.startswith("model_optim.model."))
+    held = sum(math.prod(v.size) * v.properties.dtype.itemsize for k, v in tensors.items()
+               if k.startswith("model_optim."))
+    assert held / parameters == pytest.approx(BYTES_PER_PARAMETER["native"], rel=0.01)
+    on_disk = sum(f.stat().st_size for f in checkpoint.iterdir())
+    assert 1.0 <= on_disk / (parameters * BYTES_PER_PARAMETER["native"]) < 1.15
+
+
 def test_half_written_newest_checkpoint_is_skipped(corpus, baseline, tmp_path):
     run = tmp_path / "run"
     copy_run(baseline, run, corpus)
