@@ -66,10 +66,11 @@ def _gb(n: float) -> str:
     return f"{n / 1e9:,.1f} GB" if n >= 1e9 else f"{n / 1e6:,.1f} MB"
 
 
-def room_refusal(spec: PretrainSpec, checkpoints: Path) -> str | None:
+def room_refusal(spec: PretrainSpec, checkpoints: Path, kept_too: bool = True) -> str | None:
     """Why the filesystem of ``checkpoints`` cannot hold the checkpoints the run will have at once,
-    less those already there; None when it can."""
-    size, keep = checkpoint_bytes(spec), kept(spec)
+    less those already there; None when it can. Without ``kept_too``, whether it can hold one: what
+    any run needs, whatever it resumes from (the flow's preflight, before the run's directory is known)."""
+    size, keep = checkpoint_bytes(spec), kept(spec) if kept_too else None
     setting = f"backend.{spec.backend.kind}.checkpoint_keep"
     # a backend that keeps all need not be walked: one more is what it needs, whatever is there
     present = 0 if keep is None else _bytes_under(checkpoints)

@@ -1,7 +1,10 @@
 """preflight: before anything is queued, whether the cluster can run the spec at all.
 
 On every executor, a Megatron-LM run's ``model.init_from`` must be a Megatron-LM checkpoint
-(render/megatron_lm.py says what one is), or every rank of the training job would fail at its load.
+(render/megatron_lm.py says what one is), or every rank of the training job would fail at its load;
+and a run that trains must have room for one checkpoint on the filesystem of ``paths.root``, or
+none of its jobs could ever save (pretrain/checkpoint_room.py; the train task asks again, for all
+the checkpoints the run keeps, once its directory is known).
 
 On the local executor (no Slurm controller) this host is the cluster: a stage sized for a cluster
 (more than one node, a conversion larger than this host's free memory) is refused at once.
@@ -40,6 +43,7 @@ from jobs.nodes import read_partition
 from jobs.contract import ClusterMismatch, JobFailed, ends_cancelled, stage_request
 from jobs.slurm import executor_kind, local_refusal
 from pretrain import manifest
+from pretrain.checkpoint_room import room_refusal
 from pretrain.spec import PretrainSpec
 from render import kubernetes as manifests
 from render.megatron_lm import in_container, pretrained_checkpoint_refusal
@@ -192,6 +196,8 @@ def preflight(spec: PretrainSpec, stages: list[str]) -> dict:
     if spec.backend.kind == "megatron-lm" and spec.model.init_from and "train" in selected:
         if refused := pretrained_checkpoint_refusal(Path(spec.model.init_from).expanduser()):
             raise PreflightFailed(refused)
+    if "train" in selected and (refused := room_refusal(spec, Path(spec.paths.root), kept_too=False)):
+        raise PreflightFailed(f"preflight: {refused}; nothing was queued")
     logger = get_run_logger()
     cluster = cluster_for(spec)
     on_kubernetes = isinstance(cluster, KubernetesTarget)

@@ -8,15 +8,15 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from prefect import flow
 
 from blocks.cluster import SlurmCluster
 from jobs.contract import ClusterMismatch
 from pretrain.checkpoint_room import checkpoint_bytes, room_refusal
 from pretrain.presets import load_spec
 from tasks.attempts import MetricsFollower, run_attempts
+from tasks.preflight import PreflightFailed, preflight
 from tests.model_that_fits import MODEL_THAT_FITS
-
-pytestmark = pytest.mark.pure
 
 
 @pytest.fixture
@@ -39,6 +39,7 @@ def native(root: Path, keep: int):
     return load_spec("tiny-local", [f"paths.root={root}", f"backend.native.checkpoint_keep={keep}"])
 
 
+@pytest.mark.pure
 def test_a_native_run_needs_room_for_the_checkpoints_it_keeps_and_the_next(filesystem):
     size = checkpoint_bytes(native(Path("/"), 3))
     root = filesystem(size * 7 // 2)  # room for three checkpoints and a half
@@ -59,6 +60,7 @@ def test_a_native_run_needs_room_for_the_checkpoints_it_keeps_and_the_next(files
     assert room_refusal(native(root, 2), checkpoints) is None  # one more
 
 
+@pytest.mark.pure
 def test_a_backend_that_keeps_every_checkpoint_needs_room_for_one_more(filesystem):
     spec = load_spec("gpt3-7.5b-gpu", MODEL_THAT_FITS)  # Megatron-LM: --save deletes nothing
     root = filesystem(checkpoint_bytes(spec) // 2)
@@ -67,6 +69,7 @@ def test_a_backend_that_keeps_every_checkpoint_needs_room_for_one_more(filesyste
     assert "0.06 B parameters x 14 bytes" in refused and "checkpoint_keep" not in refused
 
 
+@pytest.mark.pure
 def test_the_train_task_queues_nothing_for_a_run_whose_checkpoints_cannot_fit(filesystem):
     spec = native(Path("/"), 3)
     root = filesystem(checkpoint_bytes(spec) * 3)
@@ -80,3 +83,19 @@ def test_the_train_task_queues_nothing_for_a_run_whose_checkpoints_cannot_fit(fi
         run_attempts(spec, SlurmCluster(), MetricsFollower(spec, run / "metrics.jsonl", 10, 600), budget=1,
                      prepare=prepare, run=run, checkpoint_step=lambda: 0)
     assert not run.exists()  # not even claimed
+
+
+def test_the_flows_preflight_refuses_a_run_that_could_not_save_one_checkpoint(filesystem):
+    """Before fetch and tokenize, whose outputs may take hours: the run's directory is not known
+    yet, so what it already holds is not either, and the preflight asks for room for one."""
+    root = filesystem(checkpoint_bytes(native(Path("/"), 3)) // 2)
+    spec = native(root / "pretrain", 3)
+
+    @flow
+    def check(stages: list[str]):
+        return preflight(spec, stages)
+
+    state = check(["fetch", "tokenize", "train"], return_state=True)
+    assert state.is_failed() and isinstance(state.result(raise_on_failure=False), PreflightFailed)
+    assert "the run needs 21.3 MB: one more checkpoint" in state.message and "nothing was queued" in state.message
+    assert check(["fetch", "tokenize"]) == {"executor": "local"}  # a run that does not train writes none

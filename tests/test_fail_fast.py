@@ -26,6 +26,7 @@ from jobs.pending import WAITING_LOG_EVERY_S, QueueWatch, never_runs, queue_reas
 from jobs.contract import ClusterMismatch, JobFailed, JobRequest
 from jobs.slurm import SubmissionRefused, batch_script, local_refusal, run_job, submit
 from pretrain.presets import load_spec
+from tests.model_that_fits import MODEL_THAT_FITS
 from tasks.artifacts import retryable
 from tasks.preflight import PreflightFailed, preflight, probe
 
@@ -283,7 +284,7 @@ def test_a_job_that_only_waits_says_why_and_for_how_long_at_each_interval(local_
 
 def neuron_spec(root: Path, examples: Path, nodes: int = 1):
     # cpus_per_task: the local stack's node, standing in for a Trainium node, has 2 CPUs, not the runbooks' 128
-    return load_spec("megatron-gpt-6.7b", [f"paths.root={root}", "cluster.executor=slurm", "cluster.time_limit_min=5", "cluster.startup_min=1",
+    return load_spec("megatron-gpt-6.7b", [*MODEL_THAT_FITS, f"paths.root={root}", "cluster.executor=slurm", "cluster.time_limit_min=5", "cluster.startup_min=1",
                                            "backend.neuron.save_before_limit_s=60",
                                            f"cluster.nodes={nodes}", f"backend.neuron.examples_dir={examples}",
                                            "cluster.cpus_per_task=1"])

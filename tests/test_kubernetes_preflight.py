@@ -21,6 +21,7 @@ from pretrain.presets import load_spec
 from tasks.preflight import PreflightFailed, preflight
 from kubernetes_api_server import RecordedApiServer, Replay, recorded
 from kubernetes_schemas import invalid
+from tests.model_that_fits import MODEL_THAT_FITS
 
 IMAGE = "123456789012.dkr.ecr.us-east-1.amazonaws.com/megatron-lm:0.16.1"
 REPO = Path(__file__).resolve().parents[1]
@@ -34,11 +35,12 @@ def eks_spec(server: RecordedApiServer, root: Path, namespace: str, claim: str, 
              overrides: tuple[str, ...] = (), preset: str = "gpt3-7.5b-eks"):
     """``preset`` (the EKS one) on a KubernetesCluster block of its own: the runbook's cluster, its
     API server the loopback one, its namespace and claim those of the recorded answers, the
-    shared volume at ``root``."""
+    shared volume at ``root``; the model cut to checkpoints this machine's disk holds."""
     block = f"preflight-{namespace}-{claim}"
     runbook_cluster().model_copy(update={"image": image, "namespace": namespace, "volume_claim": claim,
                                          "mount_path": str(root), "api_server": server.url}).save(block, overwrite=True)
-    return load_spec(preset, [f"cluster.block=kubernetes-cluster/{block}", f"paths.root={root}/pretrain", *overrides])
+    return load_spec(preset, [*MODEL_THAT_FITS, f"cluster.block=kubernetes-cluster/{block}", f"paths.root={root}/pretrain",
+                              *overrides])
 
 
 def test_a_run_on_a_kubernetes_block_passes_preflight_and_goes_on_to_its_first_stage(tmp_path):
