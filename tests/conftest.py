@@ -93,3 +93,21 @@ def clean_queue():
     yield names
     for name in names:
         subprocess.run(["scancel", "-n", name], check=False)
+
+
+@pytest.fixture
+def filesystem(tmp_path):
+    """A real filesystem of the size asked for, a tmpfs (root needed), unmounted afterwards. Its size is
+    a limit, not memory taken: only what is written to it takes memory, so a test of a run's
+    checkpoint room may have one as large as a cluster's shared filesystem."""
+    mount = tmp_path / "fs"
+    mount.mkdir()
+
+    def of_size(size: int) -> Path:
+        done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size // 1024}k", "tmpfs", str(mount)],
+                              capture_output=True, text=True)
+        assert done.returncode == 0, f"cannot mount a tmpfs (root needed): {done.stderr}"
+        return mount
+
+    yield of_size
+    subprocess.run(["umount", str(mount)], capture_output=True)

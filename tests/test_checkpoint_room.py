@@ -4,7 +4,6 @@ native trainer's own checkpoints (tests/test_train_loop.py)."""
 
 from __future__ import annotations
 
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -17,22 +16,6 @@ from pretrain.presets import load_spec
 from tasks.attempts import MetricsFollower, run_attempts
 from tasks.preflight import PreflightFailed, preflight
 from tests.model_that_fits import MODEL_THAT_FITS
-
-
-@pytest.fixture
-def filesystem(tmp_path):
-    """A tmpfs of the size asked for (root needed), unmounted afterwards."""
-    mount = tmp_path / "fs"
-    mount.mkdir()
-
-    def of_size(size: int) -> Path:
-        done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size // 1024}k", "tmpfs", str(mount)],
-                              capture_output=True, text=True)
-        assert done.returncode == 0, f"cannot mount a tmpfs (root needed): {done.stderr}"
-        return mount
-
-    yield of_size
-    subprocess.run(["umount", str(mount)], capture_output=True)
 
 
 def native(root: Path, keep: int):
@@ -98,4 +81,4 @@ def test_the_flows_preflight_refuses_a_run_that_could_not_save_one_checkpoint(fi
     state = check(["fetch", "tokenize", "train"], return_state=True)
     assert state.is_failed() and isinstance(state.result(raise_on_failure=False), PreflightFailed)
     assert "the run needs 21.3 MB: one more checkpoint" in state.message and "nothing was queued" in state.message
-    assert check(["fetch", "tokenize"]) == {"executor": "local"}  # a run that does not train writes none
+    assert check(["fetch", "tokenize"], return_state=True).is_completed()  # a run that does not train saves none

@@ -29,6 +29,7 @@ from pretrain import manifest
 from pretrain.metrics_records import events, logged_steps, metrics_records
 from pretrain.presets import load_spec
 from pretrain.toy_tokenizers import llama3_style
+from tests.model_that_fits import MODEL_THAT_FITS
 from render.dataset_files import tokenizer_paths
 from render.tokenize_command import tokenize_command
 from slurm_faults import Fault
@@ -449,7 +450,7 @@ def test_preflight_publishes_its_table_and_skips_the_probe_while_its_pass_is_rec
 
     tools, examples = neuron_stand_ins(tmp_path, "neuron-ls", "neuron_parallel_compile")
     SlurmCluster(executor="slurm", setup=[f"export PATH={tools}:$PATH"]).save("preflight-nodes", overwrite=True)
-    spec = load_spec("megatron-gpt-6.7b", [f"paths.root={tmp_path}", "cluster.block=preflight-nodes",
+    spec = load_spec("megatron-gpt-6.7b", [*MODEL_THAT_FITS, f"paths.root={tmp_path}", "cluster.block=preflight-nodes",
                                            "cluster.nodes=2", "cluster.time_limit_min=5", "cluster.startup_min=1",
                                            "backend.neuron.save_before_limit_s=60", "cluster.cpus_per_task=1",
                                            f"backend.neuron.examples_dir={examples}"])

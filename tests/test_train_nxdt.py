@@ -175,7 +175,7 @@ LLAMA3_8B_CONFIG = {"hidden_size": 4096, "intermediate_size": 14336, "num_attent
                     "num_hidden_layers": 32, "num_key_value_heads": 8, "vocab_size": 128256}
 
 
-def test_a_config_json_of_another_model_is_refused_before_any_stage_runs(tmp_path):
+def test_a_config_json_of_another_model_is_refused_before_any_stage_runs(tmp_path, filesystem):
     """NxDT's Llama takes its heads, KV heads, feed-forward width and vocabulary from hf_config's
     config.json, only layers and hidden size from the YAML: the 8B's config.json under the 70B
     spec would train neither. The flow refuses it, naming each field, before fetch."""
@@ -183,8 +183,10 @@ def test_a_config_json_of_another_model_is_refused_before_any_stage_runs(tmp_pat
     for path, config in ((seventy, LLAMA3_70B_CONFIG), (eight, LLAMA3_8B_CONFIG)):
         path.parent.mkdir()
         path.write_text(json.dumps({**config, "model_type": "llama", "rope_theta": 500000.0}))
+    # paths.root on a filesystem with room for the 70B's checkpoint (988 GB), which the preflight asks
+    root = filesystem(2 * 10**12) / "root"
     one_node = ["cluster.nodes=1", "cluster.devices_per_node=32", "parallel.pp=1", "parallel.pipeline_cuts=[]",
-                f"tokenizer.path={ASSETS / 'hf'}", f"paths.root={tmp_path / 'root'}"]
+                f"tokenizer.path={ASSETS / 'hf'}", f"paths.root={root}"]
     check_model_config(load_spec("llama3-70b", [*one_node, f"backend.neuron.hf_config={seventy}"]))
     spec = load_spec("llama3-70b", [*one_node, f"backend.neuron.hf_config={eight}"])
     with pytest.raises(ModelConfigMismatch, match=re.escape(
@@ -192,6 +194,6 @@ def test_a_config_json_of_another_model_is_refused_before_any_stage_runs(tmp_pat
             "from it: num_hidden_layers is 32, the spec says 80; hidden_size is 4096, the spec says 8192; "
             "intermediate_size is 14336, the spec says 28672; num_attention_heads is 32, the spec says 64")):
         run_stages(spec, ["fetch", "tokenize", "train"])
-    assert not (tmp_path / "root").exists()  # nothing fetched
+    assert not root.exists()  # nothing fetched
     with pytest.raises(ModelConfigMismatch, match="no such file on this machine"):
         check_model_config(load_spec("llama3-70b", [*one_node, f"backend.neuron.hf_config={tmp_path / 'none.json'}"]))
