@@ -100,14 +100,16 @@ def filesystem(tmp_path):
     """A real filesystem of the size asked for, a tmpfs (root needed), unmounted afterwards. Its size is
     a limit, not memory taken: only what is written to it takes memory, so a test of a run's
     checkpoint room may have one as large as a cluster's shared filesystem."""
-    mount = tmp_path / "fs"
+    mount, mounted = tmp_path / "fs", []
     mount.mkdir()
 
     def of_size(size: int) -> Path:
         done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size // 1024}k", "tmpfs", str(mount)],
                               capture_output=True, text=True)
         assert done.returncode == 0, f"cannot mount a tmpfs (root needed): {done.stderr}"
+        mounted.append(mount)
         return mount
 
     yield of_size
-    subprocess.run(["umount", str(mount)], capture_output=True)
+    for path in mounted:
+        subprocess.run(["umount", "--lazy", str(path)], check=True)  # lazy: detached even while a file is open

@@ -212,16 +212,11 @@ def test_missing_or_broken_tokenizer_files_are_named(corpus, tmp_path):
     assert out.returncode == 2 and f"{broken / 'tokenizer.json'}: not a Hugging Face tokenizer.json" in out.stderr
 
 
-def test_disk_full_leaves_no_dataset(assets, corpus, tmp_path):
-    mount = tmp_path / "small"
-    mount.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(mount)], check=True)
-    try:
-        out = run("--input", str(corpus), "--output-prefix", str(mount / "o"), *assets["gpt2-bpe"], check=False)
-        assert out.returncode == 2 and "disk full" in out.stderr
-        assert list(mount.iterdir()) == []
-    finally:
-        subprocess.run(["umount", str(mount)], check=True)
+def test_disk_full_leaves_no_dataset(assets, corpus, filesystem):
+    mount = filesystem(256 * 1024)
+    out = run("--input", str(corpus), "--output-prefix", str(mount / "o"), *assets["gpt2-bpe"], check=False)
+    assert out.returncode == 2 and "disk full" in out.stderr
+    assert list(mount.iterdir()) == []
 
 
 def get_dataset_reference(texts: list[str], tokenizer_dir: Path, block_size: int):

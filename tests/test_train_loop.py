@@ -906,32 +906,24 @@ def test_two_ranks_start_a_model_holding_under_a_layer_beyond_their_shards_in_ho
 
 
 @pytest.mark.parametrize("steps", [2 * INTERVAL, 3 * INTERVAL], ids=["final-blocking", "background"])
-def test_full_disk_during_a_checkpoint_keeps_the_previous_one(corpus, baseline, tmp_path, steps):
+def test_full_disk_during_a_checkpoint_keeps_the_previous_one(corpus, baseline, tmp_path, filesystem, steps):
     """The second checkpoint (step 2 x INTERVAL) does not fit: written at the end of the run
     (blocking), or in the background while training goes on (its failure surfaces later)."""
     checkpoint = step_dir(baseline / "checkpoints", STEPS)
     size = sum(f.stat().st_size for f in checkpoint.iterdir())
-    mount = tmp_path / "checkpoints"
-    mount.mkdir()
-    # Room for one checkpoint and a half: the first fits, the second cannot.
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size * 3 // 2 // 1024}k", "tmpfs", str(mount)],
-                          capture_output=True, text=True)
-    assert done.returncode == 0, f"cannot mount a tmpfs (root needed): {done.stderr}"
-    try:
-        run = tmp_path / "run"
-        write_config(run, train_config(run, corpus, steps=steps, export_hf=None, checkpoint={"dir": str(mount)}))
-        done = train(run)
-        failed = 2 * INTERVAL
-        assert done.rc == 1, done.output[-4000:]
-        assert (f"writing checkpoint step {failed} to {step_dir(mount, failed)} failed" in done.output
-                and f"the previous checkpoint step {INTERVAL} is intact" in done.output), done.output[-4000:]
-        assert "No space left on device" in done.output
-        if steps > failed:  # the background write failed while training went on
-            assert max(logged_steps(run)) > failed
-        assert complete_steps(mount) == [INTERVAL]
-        verify(step_dir(mount, INTERVAL))
-    finally:
-        subprocess.run(["umount", str(mount)], check=True)
+    mount = filesystem(size * 3 // 2)  # room for one checkpoint and a half: the first fits, the second cannot
+    run = tmp_path / "run"
+    write_config(run, train_config(run, corpus, steps=steps, export_hf=None, checkpoint={"dir": str(mount)}))
+    done = train(run)
+    failed = 2 * INTERVAL
+    assert done.rc == 1, done.output[-4000:]
+    assert (f"writing checkpoint step {failed} to {step_dir(mount, failed)} failed" in done.output
+            and f"the previous checkpoint step {INTERVAL} is intact" in done.output), done.output[-4000:]
+    assert "No space left on device" in done.output
+    if steps > failed:  # the background write failed while training went on
+        assert max(logged_steps(run)) > failed
+    assert complete_steps(mount) == [INTERVAL]
+    verify(step_dir(mount, INTERVAL))
 
 
 SEAL = """
