@@ -12,6 +12,7 @@ key cannot be known and the plan says which stage must run first.
 from __future__ import annotations
 
 from pretrain import checkpoint_interval
+from pretrain.checkpoint_room import room_line
 from pretrain.hub import hub_key_inputs, resolve_commit
 from pretrain.hub_refs import download_patterns, local_value, spec_references, with_local_values
 from pretrain.spec import PretrainSpec
@@ -49,9 +50,10 @@ def plan(spec: PretrainSpec) -> list[StagePlan]:
 
 def checkpoint_advice(spec: PretrainSpec) -> list[str]:
     """The checkpoint interval against the one Young/Daly's formula gives for the spec's node count
-    (docs/checkpoints.md), from the spec and stated assumptions; the run's chain artifact repeats it
-    with what the run measures."""
-    return checkpoint_interval.advice_lines(spec, checkpoint_interval.failure_inputs(spec), measured=False)
+    (docs/checkpoints.md), from the spec and stated assumptions (the run's chain artifact repeats it
+    with what the run measures), and the room the checkpoints take."""
+    return [*checkpoint_interval.advice_lines(spec, checkpoint_interval.failure_inputs(spec), measured=False),
+            room_line(spec)]
 
 
 def plan_table(stages: list[StagePlan]) -> str:

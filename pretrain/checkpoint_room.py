@@ -62,6 +62,11 @@ def _existing(path: Path) -> Path:
     return path
 
 
+def _parameters(spec: PretrainSpec) -> str:
+    n = parameters(spec)
+    return f"{n / 1e9:.2f} B parameters" if n >= 1e9 else f"{n / 1e6:.2f} M parameters"
+
+
 def _gb(n: float) -> str:
     return f"{n / 1e9:,.1f} GB" if n >= 1e9 else f"{n / 1e6:,.1f} MB"
 
@@ -83,6 +88,16 @@ def room_refusal(spec: PretrainSpec, checkpoints: Path, kept_too: bool = True) -
                f"{at_once} checkpoints at once ({setting}={keep}, and the next written before the oldest is deleted)"
                + (f", less the {_gb(present)} already in {checkpoints}" if present else ""))
     return (f"{checkpoints}: its filesystem has {_gb(free)} free, and the run needs {_gb(needed)}: {written}, of "
-            f"about {_gb(size)} each ({parameters(spec) / 1e9:.2f} B parameters x "
+            f"about {_gb(size)} each ({_parameters(spec)} x "
             f"{BYTES_PER_PARAMETER[spec.backend.kind]} bytes); free space there, set paths.root to a larger "
             "filesystem" + ("" if keep is None else f", or lower {setting}"))
+
+
+def room_line(spec: PretrainSpec) -> str:
+    """What the run's checkpoints take and what ``paths.root`` has free, as `pretrain plan` prints it."""
+    size, keep, root = checkpoint_bytes(spec), kept(spec), Path(spec.paths.root)
+    held = (f"{keep + 1} on disk at once (backend.{spec.backend.kind}.checkpoint_keep={keep} and the next): "
+            f"{_gb((keep + 1) * size)}" if keep else f"backend.kind={spec.backend.kind} deletes none of its own")
+    return (f"checkpoint room: about {_gb(size)} a checkpoint ({_parameters(spec)} x "
+            f"{BYTES_PER_PARAMETER[spec.backend.kind]} bytes); {held}; {_gb(shutil.disk_usage(_existing(root)).free)} "
+            f"free under paths.root={root}")

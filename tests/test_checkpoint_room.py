@@ -49,7 +49,7 @@ def test_a_backend_that_keeps_every_checkpoint_needs_room_for_one_more(filesyste
     root = filesystem(checkpoint_bytes(spec) // 2)
     refused = room_refusal(spec, root / "checkpoints")
     assert refused is not None and "the run needs 808.6 MB: one more checkpoint, of about 808.6 MB each" in refused
-    assert "0.06 B parameters x 14 bytes" in refused and "checkpoint_keep" not in refused
+    assert "57.75 M parameters x 14 bytes" in refused and "checkpoint_keep" not in refused
 
 
 @pytest.mark.pure

@@ -189,6 +189,8 @@ def test_a_plan_without_the_hub_tokens_secret_block_says_so_in_one_line(tmp_path
             "restart 21 min, 320 s a step") in out
     assert "  spec: every 10 steps (53 min), expected goodput 97.9 %" in out
     assert "set training.checkpoint_interval=41" in out
+    assert (f"checkpoint room: about 987.7 GB a checkpoint (70.55 B parameters x 14 bytes); backend.kind=neuron "
+            f"deletes none of its own; ") in out and f" free under paths.root={tmp_path}\n" in out, out
 
 
 def test_plan_of_tiny_local_with_no_api_set_reads_its_block_without_an_error_line(local_stack, tmp_path):
