@@ -27,7 +27,7 @@ from pretrain.spec import PretrainSpec
 # Bytes a checkpoint holds per parameter:
 # - native and torchtitan: fp32 weights (FSDP2 keeps them in fp32 and casts to bf16 per
 #   matmul) and AdamW's exp_avg and exp_avg_sq, fp32 each: 12. Measured on the native trainer's
-#   own checkpoints in the tests (tests/test_checkpoint_room.py).
+#   own checkpoints in the tests (tests/test_train_loop.py).
 # - Megatron-LM's distributed optimizer and NxDT's ZeRO-1: bf16 weights (2), fp32 master weights (4)
 #   and the two fp32 moments (8): 14.
 BYTES_PER_PARAMETER = {"native": 12, "torchtitan": 12, "megatron-lm": 14, "neuron": 14}
@@ -48,7 +48,9 @@ def checkpoint_bytes(spec: PretrainSpec) -> int:
 
 def kept(spec: PretrainSpec) -> int | None:
     """How many complete checkpoints the backend keeps; None: all, or as its own callback decides."""
-    return spec.restarts.checkpoint_keep or None if spec.backend.kind in ("native", "torchtitan") else None
+    if spec.backend.kind not in ("native", "torchtitan"):
+        return None
+    return spec.restarts.checkpoint_keep or None  # torchtitan's 0 keeps all
 
 
 def _bytes_under(directory: Path) -> int:
