@@ -30,27 +30,26 @@ def render_files(spec: PretrainSpec, cluster: SlurmCluster | KubernetesCluster |
     KubernetesCluster block, :func:`blocks.kubernetes.runbook_cluster` (the EKS runbook's)."""
     if cluster is None and (spec.cluster.block or "").startswith(KUBERNETES_PREFIX):
         cluster = runbook_cluster()
-    if isinstance(cluster, KubernetesCluster):
-        # the command lines as Slurm's jobs run them, and in place of the batch scripts the objects
-        # each stage creates on Kubernetes
-        files = {k: v for k, v in render_files(spec, SlurmCluster(executor="slurm")).items()
-                 if not k.startswith("sbatch_")}
-        spec = planned(spec)
-        for stage in stages_of(spec):
-            if stage.objects is not None and stage.why_not(spec) is None:
-                files |= stage.objects(spec, cluster, files)
-        return files
-    site = cluster or SlurmCluster(executor="slurm")
+    on_kubernetes = isinstance(cluster, KubernetesCluster)
     files = {"spec.yaml": yaml.safe_dump(json.loads(spec.model_dump_json()), sort_keys=False)}
     spec = planned(spec)  # the first job's launch: checkpoint_interval=auto as the spec alone gives it
     if downloads := hub_downloads(spec, FETCHED):
         files["hub_downloads.txt"] = downloads
         # the stages after fetch read the Hub's files from the shared disk, never a URI
         spec = with_local_values(spec, hub_placeholders(spec))
-    # each stage's own files, with one batch script per job it submits, as its task shapes them
-    for stage in stages_of(spec):
-        if stage.render is not None and stage.why_not(spec) is None:
+    # each stage's own files, with one batch script per job it submits, as its task shapes them; on
+    # Kubernetes the command lines as Slurm's jobs run them, and in place of the batch scripts the
+    # objects each stage creates
+    site = SlurmCluster(executor="slurm") if on_kubernetes or cluster is None else cluster
+    applying = [stage for stage in stages_of(spec) if stage.why_not(spec) is None]
+    for stage in applying:
+        if stage.render is not None:
             files |= stage.render(spec, site)
+    if on_kubernetes:
+        files = {name: text for name, text in files.items() if not name.startswith("sbatch_")}
+        for stage in applying:
+            if stage.objects is not None:
+                files |= stage.objects(spec, cluster, files)
     return files
 
 

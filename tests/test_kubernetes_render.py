@@ -104,6 +104,15 @@ def test_a_run_on_kubernetes_creates_the_objects_of_the_stages_its_backend_runs(
     assert ("<precompile-nodes>" in files["k8s_train.yaml"]) == pinned
 
 
+def test_the_objects_read_the_hub_files_where_fetch_puts_them_never_the_hub():
+    """llama3-8b-gpu's tokenizer is a hf:// reference: the flow downloads it to the shared disk
+    before any job, and the pods read it there, as the Slurm jobs do. The dry run showed the
+    PyTorchJob with the hf:// reference itself."""
+    files = render_files(load_spec("llama3-8b-gpu"), eks())
+    assert "hf://" not in files["k8s_train.yaml"] and "<hub-output:tokenizer.path>" in files["k8s_train.yaml"]
+    assert "tokenizer.path: model meta-llama/Llama-3.1-8B" in files["hub_downloads.txt"]
+
+
 def test_the_schemas_catch_what_the_api_server_would_refuse():
     """The validation has teeth: a typo'd field, an integer where the CRD wants a string, a
     missing container name are each reported."""
