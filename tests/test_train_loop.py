@@ -457,8 +457,11 @@ def test_ranks_share_checking_a_checkpoint_and_each_names_the_damage(corpus, dp_
 
     write_config(run, train_config(run, corpus, steps=STEPS + 2, export_hf=None))
     done = train(run, nproc=2)
-    # every rank writes (and prints) the failure record: each one names the file
-    records = [json.loads(line) for line in done.output.splitlines() if line.startswith('{"status": "failed"')]
+    # every rank writes (and prints) the failure record, each in one write: each one names the file.
+    # Read where each starts, not by lines: the other rank's output (unbuffered, a print's text and
+    # its newline two writes) may leave a line open just before it.
+    starts = (m.start() for m in re.finditer(r'\{"status": "failed"', done.output))
+    records = [json.JSONDecoder().raw_decode(done.output, i)[0] for i in starts]
     assert done.rc != 0 and len(records) == 2, done.output[-4000:]
     assert all(str(damaged) in r["reason"] for r in records), records
     record = json.loads((run / "record.json").read_text())
