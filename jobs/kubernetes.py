@@ -425,11 +425,11 @@ def wait_all(api: KubernetesApi, jobs: list[SubmittedJob], names: list[str], pol
                     exit_code=outcome.exit_code, nodes=outcome.node, log_path=f"kubectl logs -n {job.namespace} "
                     f"-l {PYTORCHJOB_POD_LABEL if job.kind == 'PyTorchJob' else JOB_POD_LABEL}={job.name}")
         if pending and deadline is not None and time.monotonic() > deadline:
+            why = f"no result after {max_wait_s:.0f} s"
             for i in pending:
-                jobs[i].outcome = f"CANCELLED: no result after {max_wait_s:.0f} s"
+                jobs[i].outcome = described(PodOutcome("CANCELLED", "", why))
                 cancel(api, jobs[i])
-                outcomes[i] = JobFailed(jobs[i].job_id, names[i], "CANCELLED", f"no result after {max_wait_s:.0f} s",
-                                             list(jobs[i].logs.tail))
+                outcomes[i] = JobFailed(jobs[i].job_id, names[i], "CANCELLED", why, list(jobs[i].logs.tail))
             break
         if pending and (state := watch.cancelled()):
             for i in pending:

@@ -53,6 +53,12 @@ def kept(spec: PretrainSpec) -> int | None:
     return spec.restarts.checkpoint_keep or None  # torchtitan's 0 keeps all
 
 
+def _at_once(keep: int | None) -> int:
+    """Checkpoints on disk at once: those kept and the next, written in full before the oldest
+    is deleted; one more, for a backend that deletes none of its own."""
+    return 1 if keep is None else keep + 1
+
+
 def _bytes_under(directory: Path) -> int:
     return sum(f.stat().st_size for f in directory.rglob("*") if f.is_file()) if directory.is_dir() else 0
 
@@ -81,7 +87,7 @@ def room_refusal(spec: PretrainSpec, checkpoints: Path, kept_too: bool = True) -
     setting = f"backend.{spec.backend.kind}.checkpoint_keep"
     # a backend that keeps all need not be walked: one more is what it needs, whatever is there
     present = 0 if keep is None else _bytes_under(checkpoints)
-    at_once = 1 if keep is None else keep + 1
+    at_once = _at_once(keep)
     needed = max(size, at_once * size - present)
     free = shutil.disk_usage(_existing(checkpoints)).free
     if free >= needed:
@@ -98,8 +104,8 @@ def room_refusal(spec: PretrainSpec, checkpoints: Path, kept_too: bool = True) -
 def room_line(spec: PretrainSpec) -> str:
     """What the run's checkpoints take and what ``paths.root`` has free, as `pretrain plan` prints it."""
     size, keep, root = checkpoint_bytes(spec), kept(spec), Path(spec.paths.root)
-    held = (f"{keep + 1} on disk at once (backend.{spec.backend.kind}.checkpoint_keep={keep} and the next): "
-            f"{_gb((keep + 1) * size)}" if keep else f"backend.kind={spec.backend.kind} deletes none of its own")
+    held = (f"{_at_once(keep)} on disk at once (backend.{spec.backend.kind}.checkpoint_keep={keep} and the next): "
+            f"{_gb(_at_once(keep) * size)}" if keep else f"backend.kind={spec.backend.kind} deletes none of its own")
     return (f"checkpoint room: about {_gb(size)} a checkpoint ({_parameters(spec)} x "
             f"{BYTES_PER_PARAMETER[spec.backend.kind]} bytes); {held}; {_gb(shutil.disk_usage(_existing(root)).free)} "
             f"free under paths.root={root}")
